@@ -1,0 +1,121 @@
+//! Opening a model file: map it, decide its kind from the identifier, parse it.
+//!
+//! Invariant: a `ModelFile` always holds a successfully parsed file; the bytes it parsed stay
+//! mapped for as long as it lives.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+
+use super::header::{detect_kind, FileKind};
+use super::ptd::{parse_ptd, Ptd};
+use super::pte::{parse_pte, Pte};
+use super::FormatError;
+
+#[derive(Debug, Clone)]
+pub enum Kind {
+    Pte(Box<Pte>),
+    Ptd(Box<Ptd>),
+}
+
+impl Kind {
+    /// Parses bytes of either kind, chosen by the identifier at byte 4.
+    pub fn parse(bytes: &[u8]) -> Result<Kind, FormatError> {
+        Ok(match detect_kind(bytes)? {
+            FileKind::Pte => Kind::Pte(Box::new(parse_pte(bytes)?)),
+            FileKind::Ptd => Kind::Ptd(Box::new(parse_ptd(bytes)?)),
+        })
+    }
+
+    pub fn file_kind(&self) -> FileKind {
+        match self {
+            Kind::Pte(_) => FileKind::Pte,
+            Kind::Ptd(_) => FileKind::Ptd,
+        }
+    }
+}
+
+enum Backing {
+    Map(Mmap),
+    Owned(Vec<u8>),
+}
+
+/// A mapped and parsed `.pte` or `.ptd`.
+pub struct ModelFile {
+    pub path: PathBuf,
+    pub kind: Kind,
+    pub file: Option<File>,
+    backing: Backing,
+}
+
+impl std::fmt::Debug for ModelFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelFile")
+            .field("path", &self.path)
+            .field("len", &self.bytes().len())
+            .finish()
+    }
+}
+
+impl ModelFile {
+    /// Maps and parses `path`. Errors start with the path.
+    pub fn open(path: &Path) -> Result<ModelFile, FormatError> {
+        let shown = path.display();
+        let file =
+            File::open(path).map_err(|e| FormatError::new(format!("{shown}: cannot open: {e}")))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| FormatError::new(format!("{shown}: cannot stat: {e}")))?;
+        if !meta.is_file() {
+            return Err(FormatError::new(format!("{shown}: not a regular file")));
+        }
+        let backing = if meta.len() == 0 {
+            Backing::Owned(Vec::new())
+        } else {
+            // SAFETY: the mapping is read-only; a concurrent truncation by another process
+            // is handled by `crate::guard` (reads check the size, SIGBUS is caught).
+            let map = unsafe { Mmap::map(&file) }
+                .map_err(|e| FormatError::new(format!("{shown}: cannot map: {e}")))?;
+            Backing::Map(map)
+        };
+        let bytes: &[u8] = match &backing {
+            Backing::Map(m) => m,
+            Backing::Owned(v) => v,
+        };
+        let kind = Kind::parse(bytes).map_err(|e| FormatError::new(format!("{shown}: {e}")))?;
+        Ok(ModelFile {
+            // Absolute, so that xattrs and JSON name a path usable from any directory.
+            path: path.canonicalize().unwrap_or_else(|_| path.to_path_buf()),
+            kind,
+            file: Some(file),
+            backing,
+        })
+    }
+
+    /// Parses bytes held in memory (tests, fuzzing, freshly written files).
+    pub fn from_bytes(path: &Path, bytes: Vec<u8>) -> Result<ModelFile, FormatError> {
+        let kind = Kind::parse(&bytes)?;
+        Ok(ModelFile {
+            path: path.to_path_buf(),
+            kind,
+            file: None,
+            backing: Backing::Owned(bytes),
+        })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        match &self.backing {
+            Backing::Map(m) => m,
+            Backing::Owned(v) => v,
+        }
+    }
+
+    /// The file stem used to name a data file's directory under `data/`.
+    pub fn stem(&self) -> String {
+        self.path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "data".to_string())
+    }
+}

@@ -1,0 +1,137 @@
+//! A parsed `.pte`: its header, the whole `Program` table as owned values, and the absolute
+//! file ranges of every segment and inline byte vector.
+//!
+//! Invariants: the flatbuffer region passed the FlatBuffers verifier; every entry of
+//! `segments` lies inside the file. Inline byte vectors (deprecated constant buffers, inline
+//! delegate data) are not copied: `program` holds `None` for them and their ranges live in
+//! `inline_constants` / `inline_delegate_data`.
+
+use flatbuffers::VerifierOptions;
+
+use super::generated::pte_fb;
+use super::header::{parse_pte_header, PteHeader};
+use super::range::{checked_range, ByteRange};
+use super::FormatError;
+
+pub use pte_fb::ProgramT;
+
+#[derive(Debug, Clone)]
+pub struct Pte {
+    pub header: PteHeader,
+    pub program: ProgramT,
+    /// Absolute range of `Program.segments[i]`.
+    pub segments: Vec<ByteRange>,
+    /// Absolute range of `Program.constant_buffer[i].storage` (None when absent).
+    pub inline_constants: Vec<Option<ByteRange>>,
+    /// Absolute range of `Program.backend_delegate_data[i].data` (None when absent).
+    pub inline_delegate_data: Vec<Option<ByteRange>>,
+}
+
+/// Verifier limits sized for real programs (tens of thousands of values) rather than the
+/// library's defaults; the 2 GiB bound is FlatBuffers' own offset limit.
+pub fn verifier_options() -> VerifierOptions {
+    VerifierOptions {
+        max_depth: 64,
+        max_tables: 1 << 26,
+        max_apparent_size: 1 << 32,
+        ignore_missing_null_terminator: false,
+    }
+}
+
+pub fn describe_verifier_error(what: &str, err: &flatbuffers::InvalidFlatbuffer) -> FormatError {
+    // The library's message already names the field path and byte position.
+    let text = err.to_string().replace('\n', "; ");
+    FormatError::new(format!(
+        "{what} fails FlatBuffers verification: {}",
+        text.trim_end_matches("; ").trim()
+    ))
+}
+
+fn vector_range(base: &[u8], data: &[u8]) -> ByteRange {
+    ByteRange {
+        start: (data.as_ptr() as usize - base.as_ptr() as usize) as u64,
+        len: data.len() as u64,
+    }
+}
+
+pub fn parse_pte(bytes: &[u8]) -> Result<Pte, FormatError> {
+    let header = parse_pte_header(bytes)?;
+    let program_size = header.program_size() as usize;
+    let flat = &bytes[..program_size];
+    let root = flatbuffers::root_with_opts::<pte_fb::Program>(&verifier_options(), flat)
+        .map_err(|e| describe_verifier_error("Program flatbuffer", &e))?;
+
+    let file_size = bytes.len() as u64;
+    let base = header.segment_base_offset();
+    let mut segments = Vec::new();
+    let mut segment_tables = None;
+    if let Some(segs) = root.segments() {
+        for (i, seg) in segs.iter().enumerate() {
+            let what = format!(
+                "Program.segments[{i}] (offset {}, size {})",
+                seg.offset(),
+                seg.size()
+            );
+            segments.push(checked_range(
+                &what,
+                base,
+                seg.offset(),
+                seg.size(),
+                file_size,
+            )?);
+        }
+        segment_tables = Some(segs.iter().map(|s| s.unpack()).collect());
+    }
+    if !segments.is_empty() && segments.iter().any(|s| s.len > 0) && header.extended.is_none() {
+        return Err(FormatError::mismatch(
+            "segment data",
+            "byte 8",
+            "an eh00 extended header giving the segment base (segments hold bytes)",
+            "no eh00 header",
+        ));
+    }
+
+    let mut inline_constants = Vec::new();
+    let constant_buffer = root.constant_buffer().map(|bufs| {
+        bufs.iter()
+            .map(|b| {
+                inline_constants.push(b.storage().map(|v| vector_range(bytes, v.bytes())));
+                pte_fb::BufferT { storage: None }
+            })
+            .collect()
+    });
+    let mut inline_delegate_data = Vec::new();
+    let backend_delegate_data = root.backend_delegate_data().map(|items| {
+        items
+            .iter()
+            .map(|d| {
+                inline_delegate_data.push(d.data().map(|v| vector_range(bytes, v.bytes())));
+                pte_fb::BackendDelegateInlineDataT { data: None }
+            })
+            .collect()
+    });
+
+    let program = ProgramT {
+        version: root.version(),
+        execution_plan: root
+            .execution_plan()
+            .map(|plans| plans.iter().map(|p| p.unpack()).collect()),
+        constant_buffer,
+        backend_delegate_data,
+        segments: segment_tables,
+        constant_segment: root.constant_segment().map(|c| Box::new(c.unpack())),
+        mutable_data_segments: root
+            .mutable_data_segments()
+            .map(|v| v.iter().map(|m| m.unpack()).collect()),
+        named_data: root
+            .named_data()
+            .map(|v| v.iter().map(|n| n.unpack()).collect()),
+    };
+    Ok(Pte {
+        header,
+        program,
+        segments,
+        inline_constants,
+        inline_delegate_data,
+    })
+}

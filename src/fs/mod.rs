@@ -1,0 +1,206 @@
+//! The filesystem without FUSE: every operation the kernel can ask for, answered from the
+//! current `Tree`, with errors as errno values. `crate::fuse` only translates.
+//!
+//! Invariants: a request works on one snapshot (`Arc<Tree>`) from start to end, so a reader
+//! sees the old or the new file after a commit, never a mix; nothing the kernel sends can make
+//! an operation panic (unknown inodes and handles are `ENOENT`/`EBADF`); reads never touch a
+//! mapped byte beyond the backing file's current size.
+
+mod attr;
+mod read;
+
+pub use attr::{Attr, FileType};
+pub use read::ReadData;
+
+use std::sync::{Arc, RwLock};
+use std::time::SystemTime;
+
+use crate::tree::{Ino, Tree};
+
+/// An errno with the reason, for the log and for offline commands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FsError {
+    pub errno: i32,
+    pub message: String,
+}
+
+impl FsError {
+    pub fn new(errno: i32, message: impl Into<String>) -> Self {
+        FsError {
+            errno,
+            message: message.into(),
+        }
+    }
+
+    pub fn not_found(what: impl std::fmt::Display) -> Self {
+        FsError::new(libc::ENOENT, format!("{what}: no such file or directory"))
+    }
+}
+
+impl std::fmt::Display for FsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for FsError {}
+
+pub type FsResult<T> = Result<T, FsError>;
+
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    pub read_only: bool,
+}
+
+/// Ownership and times shown for every node: those of the mounted file.
+#[derive(Debug, Clone, Copy)]
+pub struct Identity {
+    pub uid: u32,
+    pub gid: u32,
+    pub atime: SystemTime,
+    pub mtime: SystemTime,
+    pub ctime: SystemTime,
+}
+
+impl Identity {
+    pub fn of(meta: &std::fs::Metadata) -> Identity {
+        use std::os::unix::fs::MetadataExt;
+        let at = |secs: i64, nanos: i64| {
+            let d =
+                std::time::Duration::new(secs.unsigned_abs(), nanos.clamp(0, 999_999_999) as u32);
+            if secs >= 0 {
+                SystemTime::UNIX_EPOCH + d
+            } else {
+                SystemTime::UNIX_EPOCH - d
+            }
+        };
+        Identity {
+            uid: meta.uid(),
+            gid: meta.gid(),
+            atime: at(meta.atime(), meta.atime_nsec()),
+            mtime: at(meta.mtime(), meta.mtime_nsec()),
+            ctime: at(meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+}
+
+pub struct Fs {
+    tree: RwLock<Arc<Tree>>,
+    identity: RwLock<Identity>,
+    pub options: Options,
+}
+
+impl Fs {
+    pub fn new(tree: Tree, options: Options) -> Fs {
+        let identity = tree.model.files[0]
+            .file
+            .as_ref()
+            .and_then(|f| f.metadata().ok())
+            .map(|m| Identity::of(&m))
+            .unwrap_or(Identity {
+                uid: 0,
+                gid: 0,
+                atime: SystemTime::UNIX_EPOCH,
+                mtime: SystemTime::UNIX_EPOCH,
+                ctime: SystemTime::UNIX_EPOCH,
+            });
+        Fs {
+            tree: RwLock::new(Arc::new(tree)),
+            identity: RwLock::new(identity),
+            options,
+        }
+    }
+
+    /// The current snapshot.
+    pub fn tree(&self) -> Arc<Tree> {
+        self.tree.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces the snapshot after a commit.
+    pub fn replace_tree(&self, tree: Tree) {
+        if let Some(meta) = tree.model.files[0]
+            .file
+            .as_ref()
+            .and_then(|f| f.metadata().ok())
+        {
+            *self.identity.write().unwrap_or_else(|e| e.into_inner()) = Identity::of(&meta);
+        }
+        *self.tree.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(tree);
+    }
+
+    pub fn identity(&self) -> Identity {
+        *self.identity.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn lookup(&self, parent: Ino, name: &str) -> FsResult<Attr> {
+        let tree = self.tree();
+        if tree.children(parent).is_none() {
+            return Err(match tree.node(parent) {
+                Some(_) => {
+                    FsError::new(libc::ENOTDIR, format!("inode {parent} is not a directory"))
+                }
+                None => FsError::not_found(format!("inode {parent}")),
+            });
+        }
+        let ino = tree
+            .lookup(parent, name)
+            .ok_or_else(|| FsError::not_found(format!("{}/{name}", tree.path(parent))))?;
+        self.attr_in(&tree, ino)
+    }
+
+    pub fn getattr(&self, ino: Ino) -> FsResult<Attr> {
+        self.attr_in(&self.tree(), ino)
+    }
+
+    /// Directory entries with their attributes, `.` and `..` first.
+    pub fn readdir(&self, ino: Ino) -> FsResult<Vec<(String, Attr)>> {
+        let tree = self.tree();
+        let children = tree.children(ino).ok_or_else(|| match tree.node(ino) {
+            Some(_) => FsError::new(
+                libc::ENOTDIR,
+                format!("{} is not a directory", tree.path(ino)),
+            ),
+            None => FsError::not_found(format!("inode {ino}")),
+        })?;
+        let mut out = Vec::with_capacity(children.len() + 2);
+        out.push((".".to_string(), self.attr_in(&tree, ino)?));
+        let parent = tree.node(ino).map_or(ino, |n| n.parent);
+        out.push(("..".to_string(), self.attr_in(&tree, parent)?));
+        for &c in children {
+            out.push((
+                tree.nodes[(c - 1) as usize].name.clone(),
+                self.attr_in(&tree, c)?,
+            ));
+        }
+        Ok(out)
+    }
+
+    pub fn read(&self, ino: Ino, offset: u64, size: u32) -> FsResult<ReadData> {
+        read::read(self.tree(), ino, offset, size)
+    }
+
+    pub fn listxattr(&self, ino: Ino) -> FsResult<Vec<String>> {
+        let tree = self.tree();
+        let node = tree
+            .node(ino)
+            .ok_or_else(|| FsError::not_found(format!("inode {ino}")))?;
+        Ok(node.xattrs.iter().map(|(k, _)| k.clone()).collect())
+    }
+
+    pub fn getxattr(&self, ino: Ino, name: &str) -> FsResult<Vec<u8>> {
+        let tree = self.tree();
+        let node = tree
+            .node(ino)
+            .ok_or_else(|| FsError::not_found(format!("inode {ino}")))?;
+        node.xattrs
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone().into_bytes())
+            .ok_or_else(|| {
+                FsError::new(
+                    libc::ENODATA,
+                    format!("{}: no attribute {name}", tree.path(ino)),
+                )
+            })
+    }
+}

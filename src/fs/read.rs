@@ -1,0 +1,133 @@
+//! Reads: slices of the mapped file, or of generated text, never a copy of the file.
+
+use std::sync::Arc;
+
+use super::{FsError, FsResult};
+use crate::format::layout::Location;
+use crate::tree::{Content, Ino, Tree};
+
+/// The bytes of one read; holds the snapshot so the mapping outlives the reply.
+pub struct ReadData {
+    tree: Arc<Tree>,
+    part: Part,
+}
+
+enum Part {
+    Mapped {
+        file: usize,
+        start: usize,
+        end: usize,
+    },
+    Text {
+        text: Arc<[u8]>,
+        start: usize,
+        end: usize,
+    },
+    Owned(Vec<u8>),
+}
+
+impl ReadData {
+    pub fn bytes(&self) -> &[u8] {
+        match &self.part {
+            Part::Mapped { file, start, end } => {
+                &self.tree.model.files[*file].bytes()[*start..*end]
+            }
+            Part::Text { text, start, end } => &text[*start..*end],
+            Part::Owned(v) => v,
+        }
+    }
+}
+
+/// Fails with EIO when another process truncated the backing file below `end`: touching
+/// those mapped pages would raise SIGBUS.
+fn check_still_backed(tree: &Tree, loc: &Location) -> FsResult<()> {
+    let file = &tree.model.files[loc.file];
+    if let Some(f) = &file.file {
+        let len = f.metadata().map(|m| m.len()).map_err(|e| {
+            FsError::new(
+                libc::EIO,
+                format!("{}: cannot stat: {e}", file.path.display()),
+            )
+        })?;
+        if len < loc.range.end() || len < file.bytes().len() as u64 {
+            return Err(FsError::new(
+                libc::EIO,
+                format!(
+                    "{} shrank to {len} bytes while mounted (it was {}): refusing to read",
+                    file.path.display(),
+                    file.bytes().len()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn window(len: u64, offset: u64, size: u32) -> (usize, usize) {
+    let start = offset.min(len);
+    let end = offset.saturating_add(size as u64).min(len);
+    (start as usize, end as usize)
+}
+
+pub fn read(tree: Arc<Tree>, ino: Ino, offset: u64, size: u32) -> FsResult<ReadData> {
+    let node = tree
+        .node(ino)
+        .ok_or_else(|| FsError::not_found(format!("inode {ino}")))?;
+    let part = match &node.content {
+        Content::Dir(_) => {
+            return Err(FsError::new(
+                libc::EISDIR,
+                format!("{} is a directory", tree.path(ino)),
+            ))
+        }
+        Content::Range(loc) => {
+            let (s, e) = window(loc.range.len, offset, size);
+            if s < e {
+                check_still_backed(&tree, loc)?;
+            }
+            let base = loc.range.start as usize;
+            Part::Mapped {
+                file: loc.file,
+                start: base + s,
+                end: base + e,
+            }
+        }
+        Content::Npy { header, location } => {
+            let total = header.len() as u64 + location.range.len;
+            let (s, e) = window(total, offset, size);
+            let h = header.len();
+            if s >= h {
+                if s < e {
+                    check_still_backed(&tree, location)?;
+                }
+                let base = location.range.start as usize;
+                Part::Mapped {
+                    file: location.file,
+                    start: base + (s - h),
+                    end: base + (e - h),
+                }
+            } else {
+                // The first read straddles the generated header: join the two parts.
+                let mut out = header[s..e.min(h)].to_vec();
+                if e > h {
+                    check_still_backed(&tree, location)?;
+                    let base = location.range.start as usize;
+                    out.extend_from_slice(
+                        &tree.model.files[location.file].bytes()[base..base + (e - h)],
+                    );
+                }
+                Part::Owned(out)
+            }
+        }
+        Content::Text { .. } => {
+            let text = tree.text(ino).expect("a text node renders");
+            let (s, e) = window(text.len() as u64, offset, size);
+            Part::Text {
+                text,
+                start: s,
+                end: e,
+            }
+        }
+    };
+    Ok(ReadData { tree, part })
+}

@@ -1,0 +1,15 @@
+//! ptefs: ExecuTorch `.pte` / `.ptd` files as a directory tree.
+//!
+//! `format` reads and writes the files, `tree` turns a parsed file into the virtual tree of
+//! DESIGN.md §2, `fs` answers filesystem operations on that tree without FUSE, and `fuse` is
+//! the thin adapter that translates kernel requests into `fs` calls.
+
+// The generated FlatBuffers code names `alloc::` paths.
+extern crate alloc;
+
+pub mod check;
+pub mod daemon;
+pub mod format;
+pub mod fs;
+pub mod offline;
+pub mod tree;

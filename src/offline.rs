@@ -1,0 +1,282 @@
+//! The commands that work without FUSE (`ls`, `cat`, `info`, `check`), on the same core as
+//! the mount: they walk the same `Tree` and read through the same `fs::Fs`.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::format::generated::pte_fb;
+use crate::format::layout::DataKind;
+use crate::format::{scalar_type, FormatError, Kind};
+use crate::fs::{Attr, FileType, Fs, Options};
+use crate::tree::{Ino, Model, Tree};
+
+pub fn open_fs(file: &Path, data: &[PathBuf]) -> Result<Fs, FormatError> {
+    let model = Model::open(file, data)?;
+    Ok(Fs::new(
+        Tree::build(Arc::new(model)),
+        Options { read_only: true },
+    ))
+}
+
+fn resolve(fs: &Fs, path: &str) -> Result<Ino, String> {
+    fs.tree()
+        .resolve(path)
+        .ok_or_else(|| format!("{path}: no such file or directory in the tree"))
+}
+
+fn mode_string(a: &Attr) -> String {
+    let mut s = String::with_capacity(10);
+    s.push(if a.kind == FileType::Directory {
+        'd'
+    } else {
+        '-'
+    });
+    for shift in [6, 3, 0] {
+        let bits = (a.perm >> shift) & 7;
+        s.push(if bits & 4 != 0 { 'r' } else { '-' });
+        s.push(if bits & 2 != 0 { 'w' } else { '-' });
+        s.push(if bits & 1 != 0 { 'x' } else { '-' });
+    }
+    s
+}
+
+fn entry_line(name: &str, a: &Attr, long: bool) -> String {
+    let shown = if a.kind == FileType::Directory {
+        format!("{name}/")
+    } else {
+        name.to_string()
+    };
+    if long {
+        format!("{} {:>12} {shown}", mode_string(a), a.size)
+    } else {
+        shown
+    }
+}
+
+/// Lists a directory (or names a file), like `ls -1`/`ls -l`; `recursive` lists every path
+/// below, one a line, as the fixtures' `.tree` files do.
+pub fn ls(
+    fs: &Fs,
+    path: &str,
+    long: bool,
+    recursive: bool,
+    out: &mut dyn Write,
+) -> Result<(), String> {
+    let ino = resolve(fs, path)?;
+    let attr = fs.getattr(ino).map_err(|e| e.to_string())?;
+    let io = |e: std::io::Error| e.to_string();
+    if attr.kind != FileType::Directory {
+        writeln!(out, "{}", entry_line(path.trim_matches('/'), &attr, long)).map_err(io)?;
+        return Ok(());
+    }
+    if recursive {
+        let mut stack = vec![(ino, String::new())];
+        let mut lines = Vec::new();
+        while let Some((dir, prefix)) = stack.pop() {
+            for (name, a) in fs
+                .readdir(dir)
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .skip(2)
+            {
+                let rel = format!("{prefix}{name}");
+                lines.push(entry_line(&rel, &a, long));
+                if a.kind == FileType::Directory {
+                    stack.push((a.ino, format!("{rel}/")));
+                }
+            }
+        }
+        lines.sort();
+        for l in lines {
+            writeln!(out, "{l}").map_err(io)?;
+        }
+    } else {
+        for (name, a) in fs
+            .readdir(ino)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .skip(2)
+        {
+            writeln!(out, "{}", entry_line(&name, &a, long)).map_err(io)?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes a file's bytes, read in 1 MiB requests as through the mount.
+pub fn cat(fs: &Fs, path: &str, out: &mut dyn Write) -> Result<(), String> {
+    let ino = resolve(fs, path)?;
+    let attr = fs.getattr(ino).map_err(|e| e.to_string())?;
+    if attr.kind == FileType::Directory {
+        return Err(format!("{path}: is a directory"));
+    }
+    let mut offset = 0u64;
+    while offset < attr.size {
+        let data = fs.read(ino, offset, 1 << 20).map_err(|e| e.to_string())?;
+        let bytes = data.bytes();
+        if bytes.is_empty() {
+            break;
+        }
+        out.write_all(bytes).map_err(|e| e.to_string())?;
+        offset += bytes.len() as u64;
+    }
+    out.flush().map_err(|e| e.to_string())
+}
+
+fn human(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {} ({n} B)", UNITS[u])
+    }
+}
+
+/// A one-screen summary of the file.
+pub fn info(fs: &Fs, out: &mut dyn Write) -> Result<(), String> {
+    let tree = fs.tree();
+    let model = &tree.model;
+    let mut s = String::new();
+    let main = &model.files[0];
+    s.push_str(&format!("file: {}\n", main.path.display()));
+    s.push_str(&format!("size: {}\n", human(main.bytes().len() as u64)));
+    match &main.kind {
+        Kind::Pte(pte) => {
+            let layout = model.pte_layout.as_ref().expect("resolved");
+            s.push_str("kind: .pte program (ET12)\n");
+            match pte.header.extended {
+                Some(e) => s.push_str(&format!(
+                    "header: eh00 length {}, program_size {}, segment_base_offset {}, segment_data_size {}\n",
+                    e.length,
+                    e.program_size,
+                    e.segment_base_offset,
+                    e.segment_data_size.map_or("absent".to_string(), |n| n.to_string())
+                )),
+                None => s.push_str("header: no eh00 extended header (bare flatbuffer)\n"),
+            }
+            let plans = pte.program.execution_plan.as_deref().unwrap_or_default();
+            s.push_str(&format!("plans: {}\n", plans.len()));
+            let mut by_dtype: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+            let mut counted = std::collections::HashSet::new();
+            for (p, plan) in plans.iter().enumerate() {
+                let values = plan.values.as_deref().unwrap_or_default();
+                let tensors = layout.plans[p].tensors.iter().flatten();
+                let (mut n, mut consts, mut muts, mut ext) = (0, 0, 0, 0);
+                for t in tensors {
+                    n += 1;
+                    match t.kind {
+                        DataKind::Constant => consts += 1,
+                        DataKind::Mutable => muts += 1,
+                        DataKind::External => ext += 1,
+                        DataKind::None => {}
+                    }
+                    if let (Some(loc), Some(nb)) = (t.location, t.nbytes) {
+                        let e = by_dtype
+                            .entry(scalar_type::display(t.shape.scalar_type))
+                            .or_default();
+                        e.0 += 1;
+                        if counted.insert(loc) {
+                            e.1 += nb;
+                        }
+                    }
+                }
+                let instructions: usize = plan
+                    .chains
+                    .iter()
+                    .flatten()
+                    .map(|c| c.instructions.as_ref().map_or(0, Vec::len))
+                    .sum();
+                s.push_str(&format!(
+                    "  {}: {} values, {n} tensors ({consts} constant, {muts} with initial state, {ext} external), {} operators, {instructions} instructions, {} delegates\n",
+                    plan.name.as_deref().unwrap_or(""),
+                    values.len(),
+                    plan.operators.as_ref().map_or(0, Vec::len),
+                    plan.delegates.as_ref().map_or(0, Vec::len),
+                ));
+                for d in plan.delegates.iter().flatten() {
+                    let loc = d.processed.as_ref().map(|r| {
+                        if r.location == pte_fb::DataLocation::SEGMENT {
+                            format!("segment {}", r.index)
+                        } else {
+                            format!("inline {}", r.index)
+                        }
+                    });
+                    s.push_str(&format!(
+                        "    delegate {} ({})\n",
+                        d.id.as_deref().unwrap_or(""),
+                        loc.unwrap_or_default()
+                    ));
+                }
+            }
+            s.push_str("tensor bytes by dtype (tensors, distinct bytes):\n");
+            for (dtype, (n, bytes)) in &by_dtype {
+                s.push_str(&format!("  {dtype:<14} {n:>6}  {}\n", human(*bytes)));
+            }
+            s.push_str(&format!("segments: {}\n", pte.segments.len()));
+            for (i, r) in pte.segments.iter().enumerate() {
+                s.push_str(&format!(
+                    "  {i}: {} at file offset {}\n",
+                    human(r.len),
+                    r.start
+                ));
+            }
+            s.push_str(&format!("named data: {}\n", layout.named_data.len()));
+        }
+        Kind::Ptd(ptd) => {
+            s.push_str("kind: .ptd data file (FT01)\n");
+            let h = &ptd.header;
+            s.push_str(&format!(
+                "header: FH01 length {}, flatbuffer {}+{}, segment_base_offset {}, segment_data_size {}\n",
+                h.length, h.flatbuffer_offset, h.flatbuffer_size, h.segment_base_offset, h.segment_data_size
+            ));
+            let blobs = model.ptd_blobs[0].as_deref().unwrap_or_default();
+            let tensors = blobs.iter().filter(|b| b.tensor.is_some()).count();
+            s.push_str(&format!(
+                "named data: {} ({tensors} tensors, {} opaque blobs)\n",
+                blobs.len(),
+                blobs.len() - tensors
+            ));
+            let mut by_dtype: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+            for b in blobs {
+                let dtype = b.tensor.as_ref().map_or("(blob)".to_string(), |t| {
+                    scalar_type::display(t.scalar_type)
+                });
+                let e = by_dtype.entry(dtype).or_default();
+                e.0 += 1;
+                e.1 += b.location.as_ref().map_or(0, |l| l.range.len);
+            }
+            s.push_str("bytes by dtype (entries, bytes):\n");
+            for (dtype, (n, bytes)) in &by_dtype {
+                s.push_str(&format!("  {dtype:<14} {n:>6}  {}\n", human(*bytes)));
+            }
+            s.push_str(&format!("segments: {}\n", ptd.segments.len()));
+            for (i, r) in ptd.segments.iter().enumerate() {
+                s.push_str(&format!(
+                    "  {i}: {} at file offset {}\n",
+                    human(r.len),
+                    r.start
+                ));
+            }
+        }
+    }
+    for f in &model.files[1..] {
+        s.push_str(&format!("data file: {}\n", f.path.display()));
+    }
+    out.write_all(s.as_bytes()).map_err(|e| e.to_string())
+}
+
+/// Every defect of the files, one a line; empty when the files are sound.
+pub fn check(file: &Path, data: &[PathBuf]) -> Vec<String> {
+    match Model::open(file, data) {
+        Err(e) => vec![e.to_string()],
+        Ok(model) => crate::check::defects(&model),
+    }
+}

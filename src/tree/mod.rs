@@ -1,0 +1,189 @@
+//! The virtual tree of DESIGN.md §2, built from parsed files.
+//!
+//! Invariants: inode numbers are positions in `nodes` plus one (the root is 1), assigned in
+//! a deterministic walk of the file, so the same file always gets the same numbers; every
+//! directory's children are sorted by name and unique; every byte range a node points at lies
+//! inside its file (it came from `format::layout`). Generated text is rendered once, on first
+//! use, and cached.
+
+pub mod build;
+pub mod names;
+pub mod npy;
+pub mod render;
+
+use std::sync::{Arc, OnceLock};
+
+use crate::format::layout::{FileIndex, Location, NamedBlob, PteLayout, TensorShape};
+use crate::format::{Kind, ModelFile};
+
+pub type Ino = u64;
+pub const ROOT: Ino = 1;
+
+/// What a write to a file means for the model (DESIGN.md §3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteTarget {
+    /// Raw tensor bytes: exactly `nbytes`, written at `location`.
+    TensorBin {
+        location: Location,
+        shape: TensorShape,
+    },
+    /// A `.npy` of a tensor: same dtype and shape; the data part goes to `location`.
+    TensorNpy {
+        location: Location,
+        shape: TensorShape,
+    },
+    /// A named blob without tensor layout: any size.
+    Blob { file: FileIndex, named_index: usize },
+    /// A delegate payload: any size.
+    DelegatePayload { plan: usize, delegate: usize },
+    /// `segments/<n>`: same size, in place.
+    Segment {
+        file: FileIndex,
+        index: usize,
+        location: Location,
+    },
+}
+
+/// Generated text files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextKind {
+    HeaderJson(FileIndex),
+    ProgramJson,
+    FlatTensorJson(FileIndex),
+    PlanJson(usize),
+    Operators(usize),
+    Instructions(usize),
+    ValueJson(usize, usize),
+    DelegateJson(usize, usize),
+    NamedDataJson(FileIndex, usize),
+}
+
+#[derive(Debug)]
+pub enum Content {
+    Dir(Vec<Ino>),
+    /// Bytes of a range of a backing file.
+    Range(Location),
+    /// A `.npy`: a generated header followed by the bytes of a range.
+    Npy {
+        header: Vec<u8>,
+        location: Location,
+    },
+    Text {
+        kind: TextKind,
+        rendered: OnceLock<Arc<[u8]>>,
+    },
+}
+
+#[derive(Debug)]
+pub struct Node {
+    pub name: String,
+    pub parent: Ino,
+    pub content: Content,
+    pub write: Option<WriteTarget>,
+    /// `user.ptefs.*` attributes, in listing order.
+    pub xattrs: Vec<(String, String)>,
+}
+
+impl Node {
+    pub fn is_dir(&self) -> bool {
+        matches!(self.content, Content::Dir(_))
+    }
+}
+
+/// The parsed files a tree shows, and where their bytes are.
+pub struct Model {
+    /// Index 0 is the mounted file; 1.. the attached `.ptd` files.
+    pub files: Vec<ModelFile>,
+    pub pte_layout: Option<PteLayout>,
+    /// Named blobs of each `.ptd` among `files` (None for the `.pte`).
+    pub ptd_blobs: Vec<Option<Vec<NamedBlob>>>,
+    /// Paths that expose each tensor byte range, for `aliases` in the JSON.
+    pub aliases: std::collections::HashMap<Location, Vec<String>>,
+}
+
+impl Model {
+    pub fn pte(&self) -> Option<&crate::format::pte::Pte> {
+        match &self.files[0].kind {
+            Kind::Pte(p) => Some(p),
+            Kind::Ptd(_) => None,
+        }
+    }
+
+    pub fn ptd(&self, file: FileIndex) -> Option<&crate::format::ptd::Ptd> {
+        match &self.files.get(file)?.kind {
+            Kind::Ptd(p) => Some(p),
+            Kind::Pte(_) => None,
+        }
+    }
+}
+
+pub struct Tree {
+    pub model: Arc<Model>,
+    pub nodes: Vec<Node>,
+}
+
+impl Tree {
+    pub fn node(&self, ino: Ino) -> Option<&Node> {
+        let i = usize::try_from(ino.checked_sub(1)?).ok()?;
+        self.nodes.get(i)
+    }
+
+    pub fn children(&self, ino: Ino) -> Option<&[Ino]> {
+        match &self.node(ino)?.content {
+            Content::Dir(children) => Some(children),
+            _ => None,
+        }
+    }
+
+    pub fn lookup(&self, parent: Ino, name: &str) -> Option<Ino> {
+        let children = self.children(parent)?;
+        children
+            .binary_search_by(|&c| self.nodes[(c - 1) as usize].name.as_str().cmp(name))
+            .ok()
+            .map(|i| children[i])
+    }
+
+    /// Resolves a slash-separated path from the root ("" or "/" is the root).
+    pub fn resolve(&self, path: &str) -> Option<Ino> {
+        let mut ino = ROOT;
+        for part in path.split('/').filter(|p| !p.is_empty() && *p != ".") {
+            ino = self.lookup(ino, part)?;
+        }
+        Some(ino)
+    }
+
+    /// The path of a node from the root, without a leading slash.
+    pub fn path(&self, ino: Ino) -> String {
+        let mut parts = Vec::new();
+        let mut cur = ino;
+        while cur != ROOT {
+            let Some(node) = self.node(cur) else { break };
+            parts.push(node.name.as_str());
+            cur = node.parent;
+        }
+        parts.reverse();
+        parts.join("/")
+    }
+
+    /// The bytes of a generated text file, rendered on first use.
+    pub fn text(&self, ino: Ino) -> Option<Arc<[u8]>> {
+        match &self.node(ino)?.content {
+            Content::Text { kind, rendered } => Some(
+                rendered
+                    .get_or_init(|| render::render(&self.model, *kind).into())
+                    .clone(),
+            ),
+            _ => None,
+        }
+    }
+
+    /// Exact size of a file (0 for directories).
+    pub fn size(&self, ino: Ino) -> u64 {
+        match self.node(ino).map(|n| &n.content) {
+            Some(Content::Range(loc)) => loc.range.len,
+            Some(Content::Npy { header, location }) => header.len() as u64 + location.range.len,
+            Some(Content::Text { .. }) => self.text(ino).map_or(0, |t| t.len() as u64),
+            _ => 0,
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! File names for keys and plan names that may hold any bytes (DESIGN.md §2.6).
+//!
+//! Invariant: `encode` never yields "", ".", "..", or a name containing '/' or NUL, and it is
+//! injective, so distinct keys never collide (duplicate keys are suffixed by the caller).
+
+/// Percent-encodes `/`, `%` and NUL; `.` and `..` become `%2E` and `%2E%2E`.
+pub fn encode(name: &str) -> String {
+    match name {
+        "." => return "%2E".to_string(),
+        ".." => return "%2E%2E".to_string(),
+        // "%" alone is never produced for a non-empty name, so this stays injective.
+        "" => return "%".to_string(),
+        _ => {}
+    }
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        match c {
+            '/' => out.push_str("%2F"),
+            '%' => out.push_str("%25"),
+            '\0' => out.push_str("%00"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Names for a list that may repeat: later duplicates get `~<n>` (n = 1, 2, …).
+pub fn dedupe(names: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for name in names {
+        let mut candidate = name.clone();
+        let mut n = 1;
+        while !seen.insert(candidate.clone()) {
+            candidate = format!("{name}~{n}");
+            n += 1;
+        }
+        out.push(candidate);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_unsafe_names() {
+        assert_eq!(encode("a/b"), "a%2Fb");
+        assert_eq!(encode("50%"), "50%25");
+        assert_eq!(encode("x\0y"), "x%00y");
+        assert_eq!(encode("."), "%2E");
+        assert_eq!(encode(".."), "%2E%2E");
+        assert_eq!(encode("lin.weight"), "lin.weight");
+        assert_eq!(encode(""), "%");
+    }
+
+    #[test]
+    fn dedupes_with_suffix() {
+        let got = dedupe([
+            "f".to_string(),
+            "f".to_string(),
+            "g".to_string(),
+            "f".to_string(),
+        ]);
+        assert_eq!(got, ["f", "f~1", "g", "f~2"]);
+    }
+}
