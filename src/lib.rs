@@ -9,6 +9,7 @@ extern crate alloc;
 
 pub mod check;
 pub mod daemon;
+pub mod edit;
 pub mod format;
 pub mod fs;
 pub mod offline;

@@ -25,6 +25,7 @@ pub mod ptd;
 pub mod pte;
 pub mod range;
 pub mod scalar_type;
+pub mod writer;
 
 pub use error::FormatError;
 pub use model::{Kind, ModelFile};

@@ -111,6 +111,14 @@ impl ModelFile {
         }
     }
 
+    /// End of the flatbuffer region; bytes from here on are padding and segments.
+    pub fn program_end(&self) -> u64 {
+        match &self.kind {
+            Kind::Pte(p) => p.header.program_size(),
+            Kind::Ptd(p) => p.header.program_size(),
+        }
+    }
+
     /// The file stem used to name a data file's directory under `data/`.
     pub fn stem(&self) -> String {
         self.path

@@ -45,6 +45,9 @@ pub fn dir_is_writable(tree: &Tree, ino: Ino) -> bool {
 
 impl Fs {
     pub(super) fn attr_in(&self, tree: &Tree, ino: Ino) -> FsResult<Attr> {
+        if super::is_scratch(ino) {
+            return self.scratch_attr(ino);
+        }
         let node = tree
             .node(ino)
             .ok_or_else(|| FsError::not_found(format!("inode {ino}")))?;
@@ -74,7 +77,7 @@ impl Fs {
         };
         Ok(Attr {
             ino,
-            size: tree.size(ino),
+            size: self.staged_size(ino).unwrap_or_else(|| tree.size(ino)),
             kind,
             perm,
             nlink,

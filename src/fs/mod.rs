@@ -8,9 +8,11 @@
 
 mod attr;
 mod read;
+mod write;
 
 pub use attr::{Attr, FileType};
 pub use read::ReadData;
+pub use write::{is_scratch, Invalidate, SCRATCH_BASE};
 
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
@@ -88,6 +90,10 @@ pub struct Fs {
     tree: RwLock<Arc<Tree>>,
     identity: RwLock<Identity>,
     pub options: Options,
+    writes: write::WriteState,
+    /// Held for reading while mapped bytes are handed out, for writing while a commit
+    /// changes them in place, so no reply mixes old and new bytes.
+    gate: RwLock<()>,
 }
 
 impl Fs {
@@ -108,6 +114,8 @@ impl Fs {
             tree: RwLock::new(Arc::new(tree)),
             identity: RwLock::new(identity),
             options,
+            writes: write::WriteState::default(),
+            gate: RwLock::new(()),
         }
     }
 
@@ -144,6 +152,7 @@ impl Fs {
         }
         let ino = tree
             .lookup(parent, name)
+            .or_else(|| self.scratch_lookup(parent, name))
             .ok_or_else(|| FsError::not_found(format!("{}/{name}", tree.path(parent))))?;
         self.attr_in(&tree, ino)
     }
@@ -172,11 +181,34 @@ impl Fs {
                 self.attr_in(&tree, c)?,
             ));
         }
+        for (name, s) in self.scratch_entries(ino) {
+            if let Ok(a) = self.attr_in(&tree, s) {
+                out.push((name, a));
+            }
+        }
         Ok(out)
     }
 
+    /// A read as an owned value (offline commands, tests). The mount uses `read_with`.
     pub fn read(&self, ino: Ino, offset: u64, size: u32) -> FsResult<ReadData> {
-        read::read(self.tree(), ino, offset, size)
+        let tree = self.tree();
+        if let Some(staged) = self.staged_read(&tree, ino, offset, size) {
+            return Ok(staged);
+        }
+        read::read(tree, ino, offset, size)
+    }
+
+    /// Hands `reply` the bytes of a read while no commit can change them.
+    pub fn read_with<R>(
+        &self,
+        ino: Ino,
+        offset: u64,
+        size: u32,
+        reply: impl FnOnce(&[u8]) -> R,
+    ) -> FsResult<R> {
+        let _gate = self.gate.read().unwrap_or_else(|e| e.into_inner());
+        let data = self.read(ino, offset, size)?;
+        Ok(reply(data.bytes()))
     }
 
     pub fn listxattr(&self, ino: Ino) -> FsResult<Vec<String>> {

@@ -27,6 +27,13 @@ enum Part {
 }
 
 impl ReadData {
+    pub(super) fn owned(tree: Arc<Tree>, bytes: Vec<u8>) -> ReadData {
+        ReadData {
+            tree,
+            part: Part::Owned(bytes),
+        }
+    }
+
     pub fn bytes(&self) -> &[u8] {
         match &self.part {
             Part::Mapped { file, start, end } => {

@@ -1,0 +1,427 @@
+//! Size-changing commits: a complete new file written beside the original with ExecuTorch's
+//! layout rules, parsed back and checked, fsynced, renamed over the original, and the
+//! directory fsynced. Mode and owner are kept.
+//!
+//! Invariants: segment order and the file's own segment alignment are kept; segments that did
+//! not change are copied byte for byte (in the kernel, with `copy_file_range`); the original
+//! is untouched until the final rename, so a failure at any step leaves it as it was.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use super::journal::sync_dir;
+use super::validate::Change;
+use super::EditError;
+use crate::format::generated::{ptd_fb, pte_fb};
+use crate::format::layout::FileIndex;
+use crate::format::range::{align_up, ByteRange};
+use crate::format::writer::{
+    pack_flat_tensor, pack_program, place_segments, power_of_two_of, ptd_program_region,
+    pte_program_region,
+};
+use crate::format::{Kind, ModelFile};
+use crate::tree::Model;
+
+/// ExecuTorch's default segment alignment, used when a file gives no better evidence.
+const DEFAULT_SEGMENT_ALIGNMENT: u64 = 128;
+const MAX_ALIGNMENT: u64 = 1 << 16;
+
+/// `.<name>.ptefs-new`: where the new file is written before the rename.
+pub fn temp_path(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.ptefs-new"))
+}
+
+/// The segment alignment a file was written with: the largest power of two dividing the
+/// segment base and every non-zero segment offset (ExecuTorch's 128 when offsets say nothing).
+pub fn segment_alignment(base: u64, relative_offsets: &[u64]) -> u64 {
+    let nonzero: Vec<u64> = relative_offsets
+        .iter()
+        .copied()
+        .filter(|&o| o > 0)
+        .collect();
+    if nonzero.is_empty() {
+        let b = power_of_two_of(base);
+        return if b == 0 {
+            DEFAULT_SEGMENT_ALIGNMENT
+        } else {
+            b.min(DEFAULT_SEGMENT_ALIGNMENT)
+        };
+    }
+    let mut a = MAX_ALIGNMENT;
+    for v in nonzero.into_iter().chain((base > 0).then_some(base)) {
+        a = a.min(power_of_two_of(v));
+    }
+    a.max(1)
+}
+
+/// Where one segment of the new file comes from.
+enum Source<'a> {
+    Old(ByteRange),
+    New(&'a [u8]),
+}
+
+/// Rewrites file `file` of `model` with `change` applied.
+pub fn rewrite(model: &Model, file: FileIndex, change: &Change) -> Result<(), EditError> {
+    let mf = &model.files[file];
+    let (head, base, sources, offsets) = match &mf.kind {
+        Kind::Pte(pte) => plan_pte(mf, pte, change)?,
+        Kind::Ptd(ptd) => plan_ptd(ptd, change)?,
+    };
+    let tmp = temp_path(&mf.path);
+    let result = write_new_file(mf, &tmp, &head, base, &sources, &offsets)
+        .and_then(|_| check_new_file(mf, &tmp, &sources))
+        .and_then(|_| replace(&mf.path, &tmp));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+type Layout<'a> = (Vec<u8>, u64, Vec<Source<'a>>, Vec<u64>);
+
+fn segment_sources<'a>(
+    segments: &[ByteRange],
+    change: &'a Change,
+) -> Result<Vec<Source<'a>>, EditError> {
+    let mut sources: Vec<Source> = segments.iter().map(|r| Source::Old(*r)).collect();
+    if let Change::Segment { index, data } = change {
+        let slot = sources.get_mut(*index).ok_or_else(|| {
+            EditError::invalid(format!(
+                "segment {index} does not exist ({} segments)",
+                segments.len()
+            ))
+        })?;
+        *slot = Source::New(data);
+    }
+    Ok(sources)
+}
+
+fn source_len(s: &Source) -> u64 {
+    match s {
+        Source::Old(r) => r.len,
+        Source::New(d) => d.len() as u64,
+    }
+}
+
+/// Segment order by original position (ties by index), as ExecuTorch placed them.
+fn original_order(segments: &[ByteRange]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..segments.len()).collect();
+    order.sort_by_key(|&i| (segments[i].start, i));
+    order
+}
+
+fn new_offsets(
+    segments: &[ByteRange],
+    sources: &[Source],
+    alignment: u64,
+) -> Result<(Vec<u64>, u64), EditError> {
+    let sizes: Vec<u64> = sources.iter().map(source_len).collect();
+    let offsets = place_segments(&sizes, &original_order(segments), alignment)
+        .ok_or_else(|| EditError::invalid("segment layout overflows 64 bits"))?;
+    let data_size = offsets
+        .iter()
+        .zip(&sizes)
+        .map(|(o, s)| o + s)
+        .max()
+        .unwrap_or(0);
+    Ok((offsets, data_size))
+}
+
+fn plan_pte<'a>(
+    mf: &ModelFile,
+    pte: &crate::format::pte::Pte,
+    change: &'a Change,
+) -> Result<Layout<'a>, EditError> {
+    let bytes = mf.bytes();
+    let flat = &bytes[..pte.header.program_size() as usize];
+    // Verified when the file was opened; a full unpack keeps every field, inline bytes too.
+    let root = flatbuffers::root_with_opts::<pte_fb::Program>(
+        &crate::format::pte::verifier_options(),
+        flat,
+    )
+    .map_err(|e| EditError::invalid(format!("re-reading the program failed: {e}")))?;
+    let mut program = root.unpack();
+    let base = pte.header.segment_base_offset();
+    let rel: Vec<u64> = pte.segments.iter().map(|r| r.start - base).collect();
+    let alignment = segment_alignment(base, &rel);
+    // Inline vectors keep the alignment they had (16 unless the file was exported with more).
+    let inline_alignment = pte
+        .inline_delegate_data
+        .iter()
+        .chain(&pte.inline_constants)
+        .flatten()
+        .filter(|r| r.len > 0)
+        .map(|r| power_of_two_of(r.start).clamp(16, 4096))
+        .min()
+        .unwrap_or(16);
+    if let Change::InlineDelegate { index, data } = change {
+        let slot = program
+            .backend_delegate_data
+            .as_mut()
+            .and_then(|v| v.get_mut(*index))
+            .ok_or_else(|| {
+                EditError::invalid(format!("inline delegate data {index} does not exist"))
+            })?;
+        slot.data = Some(data.clone());
+    }
+    let sources = segment_sources(&pte.segments, change)?;
+    let (offsets, data_size) = new_offsets(&pte.segments, &sources, alignment)?;
+    if let Some(segs) = program.segments.as_mut() {
+        for (i, s) in segs.iter_mut().enumerate() {
+            s.offset = offsets[i];
+            s.size = source_len(&sources[i]);
+        }
+    }
+    let fb = pack_program(&program, inline_alignment);
+    let (head, base) = pte_program_region(
+        &fb,
+        inline_alignment,
+        alignment,
+        data_size,
+        pte.header.extended.is_some(),
+    );
+    Ok((head, base, sources, offsets))
+}
+
+fn plan_ptd<'a>(
+    ptd: &crate::format::ptd::Ptd,
+    change: &'a Change,
+) -> Result<Layout<'a>, EditError> {
+    let mut ft: ptd_fb::FlatTensorT = ptd.flat_tensor.clone();
+    let base = ptd.header.segment_base_offset;
+    let rel: Vec<u64> = ptd.segments.iter().map(|r| r.start - base).collect();
+    let alignment = segment_alignment(base, &rel);
+    let sources = segment_sources(&ptd.segments, change)?;
+    let (offsets, data_size) = new_offsets(&ptd.segments, &sources, alignment)?;
+    if let Some(segs) = ft.segments.as_mut() {
+        for (i, s) in segs.iter_mut().enumerate() {
+            s.offset = offsets[i];
+            s.size = source_len(&sources[i]);
+        }
+    }
+    let fb = pack_flat_tensor(&ft);
+    let (head, base) = ptd_program_region(&fb, alignment, data_size);
+    Ok((head, base, sources, offsets))
+}
+
+fn io(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> EditError {
+    move |e| EditError::io(what, e)
+}
+
+fn write_zeros(out: &mut File, n: u64) -> std::io::Result<()> {
+    const ZEROS: [u8; 4096] = [0; 4096];
+    let mut left = n;
+    while left > 0 {
+        let k = left.min(ZEROS.len() as u64) as usize;
+        out.write_all(&ZEROS[..k])?;
+        left -= k as u64;
+    }
+    Ok(())
+}
+
+/// Copies `len` bytes at `offset` of `src` to the current end of `dst`, in the kernel when
+/// it can, else through a buffer.
+fn copy_range(
+    src: &File,
+    dst: &mut File,
+    offset: u64,
+    len: u64,
+    dst_offset: u64,
+) -> std::io::Result<()> {
+    let mut off_in = offset as libc::loff_t;
+    let mut off_out = dst_offset as libc::loff_t;
+    let mut left = len;
+    while left > 0 {
+        let chunk = left.min(1 << 30) as usize;
+        // SAFETY: both descriptors are open; the offsets are plain integers owned here.
+        let n = unsafe {
+            libc::copy_file_range(
+                src.as_raw_fd(),
+                &mut off_in,
+                dst.as_raw_fd(),
+                &mut off_out,
+                chunk,
+                0,
+            )
+        };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            match err.raw_os_error() {
+                Some(libc::EXDEV)
+                | Some(libc::ENOSYS)
+                | Some(libc::EINVAL)
+                | Some(libc::EOPNOTSUPP) => {
+                    return copy_range_buffered(src, dst, off_in as u64, left, off_out as u64);
+                }
+                Some(libc::EINTR) => continue,
+                _ => return Err(err),
+            }
+        }
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the source file is shorter than expected",
+            ));
+        }
+        left -= n as u64;
+    }
+    use std::io::{Seek, SeekFrom};
+    dst.seek(SeekFrom::Start(off_out as u64))?;
+    Ok(())
+}
+
+fn copy_range_buffered(
+    src: &File,
+    dst: &mut File,
+    offset: u64,
+    len: u64,
+    dst_offset: u64,
+) -> std::io::Result<()> {
+    use std::io::{Seek, SeekFrom};
+    use std::os::unix::fs::FileExt;
+    dst.seek(SeekFrom::Start(dst_offset))?;
+    let mut buf = vec![0u8; (len.min(8 << 20)) as usize];
+    let mut done = 0;
+    while done < len {
+        let k = (len - done).min(buf.len() as u64) as usize;
+        src.read_exact_at(&mut buf[..k], offset + done)?;
+        dst.write_all(&buf[..k])?;
+        done += k as u64;
+    }
+    Ok(())
+}
+
+fn write_new_file(
+    mf: &ModelFile,
+    tmp: &Path,
+    head: &[u8],
+    base: u64,
+    sources: &[Source],
+    offsets: &[u64],
+) -> Result<(), EditError> {
+    let shown = tmp.display();
+    let src = mf
+        .file
+        .as_ref()
+        .ok_or_else(|| EditError::invalid("the model is not backed by a file"))?;
+    let mut out = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(tmp)
+        .map_err(io(format!("create {shown}")))?;
+    out.write_all(head).map_err(io(format!("write {shown}")))?;
+    let mut pos = head.len() as u64;
+    let mut order: Vec<usize> = (0..sources.len()).collect();
+    order.sort_by_key(|&i| (offsets[i], i));
+    for i in order {
+        let at = base + offsets[i];
+        let len = source_len(&sources[i]);
+        if len == 0 {
+            continue;
+        }
+        write_zeros(&mut out, at - pos).map_err(io(format!("write {shown}")))?;
+        match &sources[i] {
+            Source::New(d) => out.write_all(d).map_err(io(format!("write {shown}")))?,
+            Source::Old(r) => copy_range(src, &mut out, r.start, r.len, at)
+                .map_err(io(format!("copy segment {i} into {shown}")))?,
+        }
+        pos = at + len;
+    }
+    // A segment-less file with an eh00 header still ends at the segment base.
+    if pos < base && sources.iter().any(|s| source_len(s) > 0) {
+        write_zeros(&mut out, base - pos).map_err(io(format!("write {shown}")))?;
+    }
+    let meta = src
+        .metadata()
+        .map_err(io(format!("stat {}", mf.path.display())))?;
+    // SAFETY: plain syscalls on an open descriptor.
+    unsafe {
+        libc::fchmod(out.as_raw_fd(), meta.mode() & 0o7777);
+        // Only root may give the file away; otherwise it stays ours, as the original was.
+        libc::fchown(out.as_raw_fd(), meta.uid(), meta.gid());
+    }
+    out.sync_all().map_err(io(format!("fsync {shown}")))?;
+    Ok(())
+}
+
+/// Parses the new file back: it must open cleanly and its segments must have the sizes and
+/// bytes planned (unchanged segments are compared by size; their bytes were copied verbatim).
+fn check_new_file(old: &ModelFile, tmp: &Path, sources: &[Source]) -> Result<(), EditError> {
+    let new = ModelFile::open(tmp).map_err(|e| EditError {
+        errno: libc::EIO,
+        message: format!("the re-laid-out file does not parse back: {e}"),
+    })?;
+    let segs = match (&new.kind, &old.kind) {
+        (Kind::Pte(n), Kind::Pte(_)) => &n.segments,
+        (Kind::Ptd(n), Kind::Ptd(_)) => &n.segments,
+        _ => return Err(EditError::invalid("the re-laid-out file changed kind")),
+    };
+    if segs.len() != sources.len() {
+        return Err(EditError {
+            errno: libc::EIO,
+            message: format!(
+                "the re-laid-out file has {} segments, expected {}",
+                segs.len(),
+                sources.len()
+            ),
+        });
+    }
+    for (i, (r, s)) in segs.iter().zip(sources).enumerate() {
+        let ok = match s {
+            Source::Old(o) => r.len == o.len,
+            Source::New(d) => &new.bytes()[r.as_usize()] == *d,
+        };
+        if !ok {
+            return Err(EditError {
+                errno: libc::EIO,
+                message: format!(
+                    "the re-laid-out file's segment {i} does not hold the planned bytes"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn replace(path: &Path, tmp: &Path) -> Result<(), EditError> {
+    std::fs::rename(tmp, path).map_err(io(format!(
+        "rename {} over {}",
+        tmp.display(),
+        path.display()
+    )))?;
+    sync_dir(path)
+}
+
+/// Removes a new file left behind by a re-layout that was interrupted before its rename.
+pub fn remove_stale(path: &Path) -> Option<PathBuf> {
+    let tmp = temp_path(path);
+    std::fs::remove_file(&tmp).ok().map(|_| tmp)
+}
+
+/// `align_up` for callers outside `format`.
+pub fn aligned(v: u64, a: u64) -> Option<u64> {
+    align_up(v, a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn infers_segment_alignment() {
+        assert_eq!(segment_alignment(1408, &[0, 128, 1152, 1280]), 128);
+        assert_eq!(segment_alignment(1792, &[0]), 128);
+        assert_eq!(segment_alignment(4096, &[0, 4096, 8192]), 4096);
+        assert_eq!(segment_alignment(320, &[0, 16, 48]), 16);
+        assert_eq!(segment_alignment(0, &[]), 128);
+    }
+}

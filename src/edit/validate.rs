@@ -1,0 +1,213 @@
+//! Validation of new content (DESIGN.md §3): what each writable file accepts, and the plan
+//! for writing it. Messages say what was expected and what was found.
+
+use crate::format::generated::pte_fb;
+use crate::format::layout::{FileIndex, Location, TensorShape};
+use crate::format::{scalar_type, Kind};
+use crate::tree::{npy, Model, WriteTarget};
+
+use super::EditError;
+
+/// A size-changing edit of one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// New bytes for segment `index`.
+    Segment { index: usize, data: Vec<u8> },
+    /// New bytes for `Program.backend_delegate_data[index]`.
+    InlineDelegate { index: usize, data: Vec<u8> },
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Plan<'a> {
+    InPlace { location: Location, bytes: &'a [u8] },
+    Relayout { file: FileIndex, change: Change },
+}
+
+fn exact_size(location: Location, shape: &TensorShape, data: &[u8]) -> Result<(), EditError> {
+    let need = location.range.len;
+    if data.len() as u64 != need {
+        return Err(EditError::invalid(format!(
+            "needs {need} bytes for {}, got {}",
+            shape.describe(),
+            data.len()
+        )));
+    }
+    Ok(())
+}
+
+/// `<f4`, `=f4` and `f4` name the same little-endian type here; one-byte types ignore order.
+fn normalize_descr(d: &str) -> String {
+    let d = d.trim();
+    let body = d.trim_start_matches(['<', '=', '|', '>']);
+    let order = d.chars().next().filter(|c| "<=|>".contains(*c));
+    let one_byte = body.ends_with('1') && !body.ends_with("11")
+        || body == "b1"
+        || body.starts_with('V') && body == "V1";
+    match order {
+        Some('>') if !one_byte => format!(">{body}"),
+        _ => body.to_string(),
+    }
+}
+
+fn check_npy<'a>(
+    location: Location,
+    shape: &TensorShape,
+    data: &'a [u8],
+) -> Result<&'a [u8], EditError> {
+    let header = npy::parse_header(data).map_err(EditError::invalid)?;
+    let want_descr = scalar_type::numpy_descr(shape.scalar_type).unwrap_or_default();
+    if normalize_descr(&header.descr) != normalize_descr(&want_descr) {
+        return Err(EditError::invalid(format!(
+            ".npy dtype differs: expected '{want_descr}' ({}), found '{}'",
+            scalar_type::display(shape.scalar_type),
+            header.descr
+        )));
+    }
+    let want_shape = shape.physical_shape().unwrap_or_default();
+    if header.shape != want_shape {
+        return Err(EditError::invalid(format!(
+            ".npy shape differs: expected {want_shape:?}, found {:?}",
+            header.shape
+        )));
+    }
+    if header.fortran_order && want_shape.iter().filter(|&&d| d > 1).count() > 1 {
+        return Err(EditError::invalid(
+            ".npy is in Fortran order: expected C order (save np.ascontiguousarray(a))",
+        ));
+    }
+    let body = &data[header.data_offset..];
+    if body.len() as u64 != location.range.len {
+        return Err(EditError::invalid(format!(
+            ".npy data is {} bytes: expected {} for {}",
+            body.len(),
+            location.range.len,
+            shape.describe()
+        )));
+    }
+    Ok(body)
+}
+
+/// Decides how `data` becomes the new content of `target`, or why it cannot.
+pub fn plan<'a>(
+    model: &Model,
+    target: &WriteTarget,
+    data: &'a [u8],
+) -> Result<Plan<'a>, EditError> {
+    match target {
+        WriteTarget::TensorBin { location, shape } => {
+            exact_size(*location, shape, data)?;
+            Ok(Plan::InPlace {
+                location: *location,
+                bytes: data,
+            })
+        }
+        WriteTarget::TensorNpy { location, shape } => {
+            let bytes = check_npy(*location, shape, data)?;
+            Ok(Plan::InPlace {
+                location: *location,
+                bytes,
+            })
+        }
+        WriteTarget::Segment {
+            location, index, ..
+        } => {
+            if data.len() as u64 != location.range.len {
+                return Err(EditError::invalid(format!(
+                    "segment {index} must keep its size: expected {} bytes, got {} (resize a blob or delegate payload instead)",
+                    location.range.len,
+                    data.len()
+                )));
+            }
+            Ok(Plan::InPlace {
+                location: *location,
+                bytes: data,
+            })
+        }
+        WriteTarget::Blob { file, named_index } => {
+            let (location, segment) = blob_location(model, *file, *named_index)?;
+            if data.len() as u64 == location.range.len {
+                Ok(Plan::InPlace {
+                    location,
+                    bytes: data,
+                })
+            } else {
+                Ok(Plan::Relayout {
+                    file: *file,
+                    change: Change::Segment {
+                        index: segment,
+                        data: data.to_vec(),
+                    },
+                })
+            }
+        }
+        WriteTarget::DelegatePayload { plan, delegate } => {
+            let layout = model
+                .pte_layout
+                .as_ref()
+                .ok_or_else(|| EditError::invalid("not a .pte"))?;
+            let location = layout.plans[*plan].delegates[*delegate]
+                .clone()
+                .map_err(EditError::invalid)?;
+            if data.len() as u64 == location.range.len {
+                return Ok(Plan::InPlace {
+                    location,
+                    bytes: data,
+                });
+            }
+            let pte = model
+                .pte()
+                .ok_or_else(|| EditError::invalid("not a .pte"))?;
+            let d = &pte.program.execution_plan.as_deref().unwrap_or_default()[*plan]
+                .delegates
+                .as_deref()
+                .unwrap_or_default()[*delegate];
+            let r = d
+                .processed
+                .as_ref()
+                .ok_or_else(|| EditError::invalid("delegate has no processed data reference"))?;
+            let index = r.index as usize;
+            let change = if r.location == pte_fb::DataLocation::SEGMENT {
+                Change::Segment {
+                    index,
+                    data: data.to_vec(),
+                }
+            } else {
+                Change::InlineDelegate {
+                    index,
+                    data: data.to_vec(),
+                }
+            };
+            Ok(Plan::Relayout { file: 0, change })
+        }
+    }
+}
+
+fn blob_location(model: &Model, file: FileIndex, k: usize) -> Result<(Location, usize), EditError> {
+    match &model.files[file].kind {
+        Kind::Pte(p) => {
+            let layout = model.pte_layout.as_ref().expect("a .pte is resolved");
+            let loc = layout.named_data[k].clone().map_err(EditError::invalid)?;
+            let seg = p.program.named_data.as_deref().unwrap_or_default()[k].segment_index as usize;
+            Ok((loc, seg))
+        }
+        Kind::Ptd(_) => {
+            let blob = &model.ptd_blobs[file].as_deref().unwrap_or_default()[k];
+            let loc = blob.location.clone().map_err(EditError::invalid)?;
+            Ok((loc, blob.segment_index as usize))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descr_equivalence() {
+        assert_eq!(normalize_descr("<f4"), normalize_descr("=f4"));
+        assert_eq!(normalize_descr("|u1"), normalize_descr("<u1"));
+        assert_eq!(normalize_descr("|b1"), normalize_descr("b1"));
+        assert_ne!(normalize_descr(">f4"), normalize_descr("<f4"));
+        assert_ne!(normalize_descr("<f4"), normalize_descr("<f8"));
+    }
+}
