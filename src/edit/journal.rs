@@ -45,11 +45,13 @@ fn header(file_len: u64, offset: u64, len: u64) -> [u8; HEADER_LEN] {
 }
 
 /// Replaces `bytes.len()` bytes at `offset` of `path`, which must still be `file_len` long.
-pub fn write_in_place(
+/// `exclusive()` is held from the first byte written into the file until it is durable.
+pub fn write_in_place<G>(
     path: &Path,
     file_len: u64,
     offset: u64,
     bytes: &[u8],
+    exclusive: impl FnOnce() -> G,
 ) -> Result<(), EditError> {
     let shown = path.display();
     let end = offset
@@ -97,15 +99,18 @@ pub fn write_in_place(
     }
     sync_dir(&jpath)?;
 
-    target
-        .write_all_at(bytes, offset)
-        .and_then(|_| target.sync_data())
-        .map_err(|e| {
-            EditError::io(
-                format!("write {} bytes at {offset}..{end} of {shown}", bytes.len()),
-                e,
-            )
-        })?;
+    {
+        let _readers_wait = exclusive();
+        target
+            .write_all_at(bytes, offset)
+            .and_then(|_| target.sync_data())
+            .map_err(|e| {
+                EditError::io(
+                    format!("write {} bytes at {offset}..{end} of {shown}", bytes.len()),
+                    e,
+                )
+            })?;
+    }
 
     std::fs::remove_file(&jpath)
         .map_err(|e| EditError::io(format!("remove journal {}", jpath.display()), e))?;
@@ -220,7 +225,7 @@ mod tests {
     #[test]
     fn in_place_write_leaves_no_journal() {
         let (_d, p) = temp_file(&[0u8; 100]);
-        write_in_place(&p, 100, 10, &[7u8; 5]).unwrap();
+        write_in_place(&p, 100, 10, &[7u8; 5], || ()).unwrap();
         let got = std::fs::read(&p).unwrap();
         assert_eq!(&got[10..15], &[7u8; 5]);
         assert_eq!(got.len(), 100);
@@ -256,7 +261,7 @@ mod tests {
     #[test]
     fn refuses_when_file_changed_size() {
         let (_d, p) = temp_file(&[0u8; 10]);
-        let e = write_in_place(&p, 20, 0, &[1]).unwrap_err();
+        let e = write_in_place(&p, 20, 0, &[1], || ()).unwrap_err();
         assert!(e.message.contains("changed size"), "{e}");
         assert_eq!(std::fs::read(&p).unwrap(), vec![0u8; 10]);
     }

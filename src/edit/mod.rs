@@ -61,7 +61,13 @@ impl std::fmt::Display for EditError {
 impl std::error::Error for EditError {}
 
 /// Validates `data` as the new content of the file behind `target`, then writes it.
-pub fn commit(tree: &Tree, target: &WriteTarget, data: &[u8]) -> Result<Outcome, EditError> {
+/// `exclusive` is held while bytes that readers may be mapping change in place.
+pub fn commit<G>(
+    tree: &Tree,
+    target: &WriteTarget,
+    data: &[u8],
+    exclusive: impl FnOnce() -> G,
+) -> Result<Outcome, EditError> {
     let model = &tree.model;
     match validate::plan(model, target, data)? {
         Plan::InPlace { location, bytes } => {
@@ -71,6 +77,7 @@ pub fn commit(tree: &Tree, target: &WriteTarget, data: &[u8]) -> Result<Outcome,
                 file.bytes().len() as u64,
                 location.range.start,
                 bytes,
+                exclusive,
             )?;
             Ok(Outcome::InPlace {
                 file: location.file,

@@ -17,7 +17,7 @@ use super::validate::Change;
 use super::EditError;
 use crate::format::generated::{ptd_fb, pte_fb};
 use crate::format::layout::FileIndex;
-use crate::format::range::{align_up, ByteRange};
+use crate::format::range::ByteRange;
 use crate::format::writer::{
     pack_flat_tensor, pack_program, place_segments, power_of_two_of, ptd_program_region,
     pte_program_region,
@@ -405,11 +405,6 @@ fn replace(path: &Path, tmp: &Path) -> Result<(), EditError> {
 pub fn remove_stale(path: &Path) -> Option<PathBuf> {
     let tmp = temp_path(path);
     std::fs::remove_file(&tmp).ok().map(|_| tmp)
-}
-
-/// `align_up` for callers outside `format`.
-pub fn aligned(v: u64, a: u64) -> Option<u64> {
-    align_up(v, a)
 }
 
 #[cfg(test)]

@@ -423,12 +423,9 @@ impl Fs {
             .clone()
             .ok_or_else(|| self.not_writable(&tree, ino))?;
         let path = tree.path(ino);
-        let outcome = {
-            // Readers of the mapped bytes wait while they change (see `read_with`).
-            let _gate = self.gate.write().unwrap_or_else(|e| e.into_inner());
-            edit::commit(&tree, &target, data)
-        }
-        .map_err(|e| {
+        // Readers of the mapped bytes wait while they change in place (see `read_with`).
+        let exclusive = || self.gate.write().unwrap_or_else(|e| e.into_inner());
+        let outcome = edit::commit(&tree, &target, data, exclusive).map_err(|e| {
             log::error!("commit of {path} refused: {}", e.message);
             FsError::new(e.errno, format!("{path}: {}", e.message))
         })?;
