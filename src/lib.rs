@@ -12,5 +12,6 @@ pub mod daemon;
 pub mod edit;
 pub mod format;
 pub mod fs;
+pub mod guard;
 pub mod offline;
 pub mod tree;

@@ -37,7 +37,8 @@ impl Kind {
 }
 
 enum Backing {
-    Map(Mmap),
+    /// The watch is declared first so it is dropped (unregistered) before the unmap.
+    Map(crate::guard::Watch, Mmap),
     Owned(Vec<u8>),
 }
 
@@ -77,10 +78,10 @@ impl ModelFile {
             // is handled by `crate::guard` (reads check the size, SIGBUS is caught).
             let map = unsafe { Mmap::map(&file) }
                 .map_err(|e| FormatError::new(format!("{shown}: cannot map: {e}")))?;
-            Backing::Map(map)
+            Backing::Map(crate::guard::Watch::new(map.as_ptr(), map.len()), map)
         };
         let bytes: &[u8] = match &backing {
-            Backing::Map(m) => m,
+            Backing::Map(_, m) => m,
             Backing::Owned(v) => v,
         };
         let kind = Kind::parse(bytes).map_err(|e| FormatError::new(format!("{shown}: {e}")))?;
@@ -104,9 +105,17 @@ impl ModelFile {
         })
     }
 
+    /// Whether the file shrank under its mapping (its bytes can no longer be trusted).
+    pub fn poisoned(&self) -> bool {
+        match &self.backing {
+            Backing::Map(watch, _) => watch.poisoned(),
+            Backing::Owned(_) => false,
+        }
+    }
+
     pub fn bytes(&self) -> &[u8] {
         match &self.backing {
-            Backing::Map(m) => m,
+            Backing::Map(_, m) => m,
             Backing::Owned(v) => v,
         }
     }

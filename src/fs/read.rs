@@ -49,6 +49,15 @@ impl ReadData {
 /// those mapped pages would raise SIGBUS.
 fn check_still_backed(tree: &Tree, loc: &Location) -> FsResult<()> {
     let file = &tree.model.files[loc.file];
+    if file.poisoned() {
+        return Err(FsError::new(
+            libc::EIO,
+            format!(
+                "{} shrank while mounted: its mapped bytes are gone; remount it",
+                file.path.display()
+            ),
+        ));
+    }
     if let Some(f) = &file.file {
         let len = f.metadata().map(|m| m.len()).map_err(|e| {
             FsError::new(
@@ -122,6 +131,8 @@ pub fn read(tree: Arc<Tree>, ino: Ino, offset: u64, size: u32) -> FsResult<ReadD
                     out.extend_from_slice(
                         &tree.model.files[location.file].bytes()[base..base + (e - h)],
                     );
+                    // A truncation during the copy leaves zeros behind: do not serve them.
+                    check_still_backed(&tree, location)?;
                 }
                 Part::Owned(out)
             }

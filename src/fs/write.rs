@@ -85,6 +85,12 @@ fn current_bytes(tree: &Arc<Tree>, ino: Ino) -> FsResult<Vec<u8>> {
         }
         out.extend_from_slice(data.bytes());
     }
+    if tree.model.files.iter().any(|f| f.poisoned()) {
+        return Err(FsError::new(
+            libc::EIO,
+            "the model file shrank while mounted; remount it",
+        ));
+    }
     Ok(out)
 }
 
