@@ -13,6 +13,10 @@ use crate::fs::{Attr, FileType, Fs, Options};
 use crate::tree::{Ino, Model, Tree};
 
 pub fn open_fs(file: &Path, data: &[PathBuf]) -> Result<Fs, FormatError> {
+    for warning in interrupted_commits(file, data) {
+        log::warn!("{warning}");
+        eprintln!("ptefs: warning: {warning}");
+    }
     let model = Model::open(file, data)?;
     Ok(Fs::new(
         Tree::build(Arc::new(model)),
@@ -275,8 +279,26 @@ pub fn info(fs: &Fs, out: &mut dyn Write) -> Result<(), String> {
 
 /// Every defect of the files, one a line; empty when the files are sound.
 pub fn check(file: &Path, data: &[PathBuf]) -> Vec<String> {
+    let mut out = interrupted_commits(file, data);
     match Model::open(file, data) {
-        Err(e) => vec![e.to_string()],
-        Ok(model) => crate::check::defects(&model),
+        Err(e) => out.push(e.to_string()),
+        Ok(model) => out.extend(crate::check::defects(&model)),
     }
+    out
+}
+
+/// Journals left by commits that a crash interrupted: the file may hold a partly written
+/// range until a mount replays them.
+pub fn interrupted_commits(file: &Path, data: &[PathBuf]) -> Vec<String> {
+    std::iter::once(file)
+        .chain(data.iter().map(PathBuf::as_path))
+        .map(crate::edit::journal::journal_path)
+        .filter(|j| j.exists())
+        .map(|j| {
+            format!(
+                "{}: an interrupted commit left this journal; mount the file once to finish or discard it",
+                j.display()
+            )
+        })
+        .collect()
 }
