@@ -30,9 +30,56 @@ pub fn render(model: &Model, kind: TextKind) -> Vec<u8> {
 }
 
 fn to_text(v: &Value) -> Vec<u8> {
-    let mut out = serde_json::to_vec_pretty(v).expect("JSON values always serialize");
-    out.push(b'\n');
-    out
+    let mut out = String::new();
+    write_pretty(v, 0, &mut out);
+    out.push('\n');
+    out.into_bytes()
+}
+
+fn is_scalar(v: &Value) -> bool {
+    !matches!(v, Value::Array(_) | Value::Object(_))
+}
+
+/// Two-space indented JSON whose arrays of scalars (sizes, dim orders, offsets) stay on one
+/// line, so a tensor's shape reads at a glance.
+fn write_pretty(v: &Value, depth: usize, out: &mut String) {
+    let pad = |d: usize, out: &mut String| out.extend(std::iter::repeat_n("  ", d));
+    match v {
+        Value::Array(items) if items.iter().all(is_scalar) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                out.push_str(&item.to_string());
+            }
+            out.push(']');
+        }
+        Value::Array(items) => {
+            out.push_str("[\n");
+            for (i, item) in items.iter().enumerate() {
+                pad(depth + 1, out);
+                write_pretty(item, depth + 1, out);
+                out.push_str(if i + 1 < items.len() { ",\n" } else { "\n" });
+            }
+            pad(depth, out);
+            out.push(']');
+        }
+        Value::Object(map) if map.is_empty() => out.push_str("{}"),
+        Value::Object(map) => {
+            out.push_str("{\n");
+            for (i, (k, item)) in map.iter().enumerate() {
+                pad(depth + 1, out);
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push_str(": ");
+                write_pretty(item, depth + 1, out);
+                out.push_str(if i + 1 < map.len() { ",\n" } else { "\n" });
+            }
+            pad(depth, out);
+            out.push('}');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
 }
 
 fn bytes_value(data: &[u8]) -> Value {
