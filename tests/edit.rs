@@ -224,10 +224,8 @@ fn partial_writes_and_truncate_stage_until_close() {
     let before = std::fs::read(&c.model).unwrap();
     let off = fs
         .tree()
-        .node(ino)
-        .unwrap()
-        .xattrs
-        .iter()
+        .xattrs(ino)
+        .into_iter()
         .find(|(k, _)| k == "user.ptefs.offset")
         .unwrap()
         .1

@@ -144,30 +144,56 @@ fn layout_shape(l: &ptd_fb::TensorLayoutT) -> TensorShape {
     }
 }
 
+/// Names an item in messages; formatted only when a defect is reported.
+struct Place<'a> {
+    plan: usize,
+    name: &'a str,
+    item: &'static str,
+    index: usize,
+}
+
+impl std::fmt::Display for Place<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "plan {} (\"{}\") {} {}",
+            self.plan, self.name, self.item, self.index
+        )
+    }
+}
+
 /// A sub-range `[offset, offset + len)` of segment `index` of the model file.
 fn in_segment(
     pte: &Pte,
-    what: &str,
+    what: impl Fn() -> String,
     index: u32,
     offset: u64,
     len: u64,
 ) -> Result<Location, String> {
     let seg = pte.segments.get(index as usize).ok_or_else(|| {
         format!(
-            "{what}: segment index {index} out of range (expected < {}, the number of segments)",
+            "{}: segment index {index} out of range (expected < {}, the number of segments)",
+            what(),
             pte.segments.len()
         )
     })?;
-    let range = checked_range(what, seg.start, offset, len, seg.end()).map_err(|e| {
+    let range = checked_range("", seg.start, offset, len, seg.end()).map_err(|e| {
         format!(
-            "{e} (segment {index} is {} bytes at file offset {})",
-            seg.len, seg.start
+            "{}{e} (segment {index} is {} bytes at file offset {})",
+            what(),
+            seg.len,
+            seg.start
         )
     })?;
     Ok(Location { file: 0, range })
 }
 
-fn resolve_tensor(pte: &Pte, data: &[&Ptd], place: &str, t: &pte_fb::TensorT) -> TensorData {
+fn resolve_tensor(
+    pte: &Pte,
+    data: &[&Ptd],
+    place: &dyn std::fmt::Display,
+    t: &pte_fb::TensorT,
+) -> TensorData {
     let shape = tensor_shape(t);
     let nbytes = shape.nbytes();
     let external = t
@@ -216,7 +242,7 @@ fn resolve_tensor(pte: &Pte, data: &[&Ptd], place: &str, t: &pte_fb::TensorT) ->
 
 fn constant_location(
     pte: &Pte,
-    place: &str,
+    place: &dyn std::fmt::Display,
     idx: u32,
     len: u64,
 ) -> Result<Option<Location>, String> {
@@ -233,10 +259,12 @@ fn constant_location(
                 offsets.len()
             )
         })?;
-        let what = format!(
-            "{place}: constant {idx} ({len} bytes at offset {offset} of the constant segment)"
-        );
-        return in_segment(pte, &what, cs.segment_index, offset, len).map(Some);
+        let what = || {
+            format!(
+                "{place}: constant {idx} ({len} bytes at offset {offset} of the constant segment)"
+            )
+        };
+        return in_segment(pte, what, cs.segment_index, offset, len).map(Some);
     }
     // Deprecated inline constant buffers.
     let storage = pte.inline_constants.get(idx as usize).ok_or_else(|| {
@@ -263,7 +291,7 @@ fn constant_location(
 
 fn mutable_location(
     pte: &Pte,
-    place: &str,
+    place: &dyn std::fmt::Display,
     idx: u32,
     len: u64,
 ) -> Result<Option<Location>, String> {
@@ -283,15 +311,17 @@ fn mutable_location(
             offsets.len()
         )
     })?;
-    let what = format!(
-        "{place}: initial state {idx} ({len} bytes at offset {offset} of the mutable segment)"
-    );
-    in_segment(pte, &what, sub.segment_index, offset, len).map(Some)
+    let what = || {
+        format!(
+            "{place}: initial state {idx} ({len} bytes at offset {offset} of the mutable segment)"
+        )
+    };
+    in_segment(pte, what, sub.segment_index, offset, len).map(Some)
 }
 
 fn external_location(
     data: &[&Ptd],
-    place: &str,
+    place: &dyn std::fmt::Display,
     t: &pte_fb::TensorT,
     shape: &TensorShape,
     len: u64,
@@ -362,7 +392,7 @@ fn external_location(
 
 fn delegate_location(
     pte: &Pte,
-    place: &str,
+    place: &dyn std::fmt::Display,
     d: &pte_fb::BackendDelegateT,
 ) -> Result<Location, String> {
     let r = d
@@ -413,7 +443,12 @@ pub fn resolve_pte(pte: &Pte, data: &[&Ptd]) -> PteLayout {
         let mut tensors = Vec::new();
         for (i, value) in plan.values.iter().flatten().enumerate() {
             let t = value.val.as_tensor().map(|t| {
-                let place = format!("plan {p} (\"{name}\") value {i}");
+                let place = Place {
+                    plan: p,
+                    name,
+                    item: "value",
+                    index: i,
+                };
                 resolve_tensor(pte, data, &place, t)
             });
             if let Some(d) = t.as_ref().and_then(|t| t.defect.clone()) {
@@ -423,7 +458,12 @@ pub fn resolve_pte(pte: &Pte, data: &[&Ptd]) -> PteLayout {
         }
         let mut delegates = Vec::new();
         for (j, d) in plan.delegates.iter().flatten().enumerate() {
-            let place = format!("plan {p} (\"{name}\") delegate {j}");
+            let place = Place {
+                plan: p,
+                name,
+                item: "delegate",
+                index: j,
+            };
             let loc = delegate_location(pte, &place, d);
             if let Err(e) = &loc {
                 defects.push(e.clone());

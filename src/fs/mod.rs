@@ -213,21 +213,21 @@ impl Fs {
 
     pub fn listxattr(&self, ino: Ino) -> FsResult<Vec<String>> {
         let tree = self.tree();
-        let node = tree
-            .node(ino)
-            .ok_or_else(|| FsError::not_found(format!("inode {ino}")))?;
-        Ok(node.xattrs.iter().map(|(k, _)| k.clone()).collect())
+        if tree.node(ino).is_none() {
+            return Err(FsError::not_found(format!("inode {ino}")));
+        }
+        Ok(tree.xattrs(ino).into_iter().map(|(k, _)| k).collect())
     }
 
     pub fn getxattr(&self, ino: Ino, name: &str) -> FsResult<Vec<u8>> {
         let tree = self.tree();
-        let node = tree
-            .node(ino)
-            .ok_or_else(|| FsError::not_found(format!("inode {ino}")))?;
-        node.xattrs
-            .iter()
+        if tree.node(ino).is_none() {
+            return Err(FsError::not_found(format!("inode {ino}")));
+        }
+        tree.xattrs(ino)
+            .into_iter()
             .find(|(k, _)| k == name)
-            .map(|(_, v)| v.clone().into_bytes())
+            .map(|(_, v)| v.into_bytes())
             .ok_or_else(|| {
                 FsError::new(
                     libc::ENODATA,

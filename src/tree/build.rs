@@ -58,14 +58,17 @@ impl Model {
             }
             Kind::Ptd(_) => None,
         };
-        let mut model = Model {
+        Ok(Model {
             files,
             pte_layout,
             ptd_blobs,
-            aliases: HashMap::new(),
-        };
-        model.aliases = collect_aliases(&model);
-        Ok(model)
+            aliases: OnceLock::new(),
+        })
+    }
+
+    /// Paths that show each byte range, for the `aliases` of the JSON files.
+    pub fn aliases(&self) -> &HashMap<Location, Vec<String>> {
+        self.aliases.get_or_init(|| collect_aliases(self))
     }
 
     /// Names of the plans' directories, deduplicated.
@@ -158,7 +161,6 @@ impl Builder {
             parent,
             content,
             write: None,
-            xattrs: Vec::new(),
         });
         let ino = self.nodes.len() as Ino;
         if let Content::Dir(children) = &mut self.nodes[(parent - 1) as usize].content {
@@ -200,59 +202,14 @@ impl Builder {
     }
 }
 
-fn range_xattrs(model: &Model, loc: Location) -> Vec<(String, String)> {
-    vec![
-        (
-            "user.ptefs.file".to_string(),
-            model.files[loc.file].path.display().to_string(),
-        ),
-        ("user.ptefs.offset".to_string(), loc.range.start.to_string()),
-    ]
-}
-
-fn tensor_xattrs(model: &Model, loc: Location, shape: &TensorShape) -> Vec<(String, String)> {
-    let mut x = vec![
-        (
-            "user.ptefs.dtype".to_string(),
-            scalar_type::display(shape.scalar_type),
-        ),
-        (
-            "user.ptefs.shape".to_string(),
-            format!("{:?}", shape.sizes).replace(' ', ""),
-        ),
-        (
-            "user.ptefs.dim_order".to_string(),
-            format!("{:?}", shape.dim_order).replace(' ', ""),
-        ),
-    ];
-    x.extend(range_xattrs(model, loc));
-    x
-}
-
-fn blob_shape(len: u64) -> TensorShape {
-    TensorShape {
-        scalar_type: 0,
-        sizes: vec![i32::try_from(len).unwrap_or(-1)],
-        dim_order: vec![0],
-    }
-}
-
 /// Adds `<base>.bin` and, when NumPy can describe it, `<base>.npy` for a tensor's bytes.
-fn add_tensor_files(
-    b: &mut Builder,
-    model: &Model,
-    dir: Ino,
-    base: &str,
-    loc: Location,
-    shape: &TensorShape,
-) {
+fn add_tensor_files(b: &mut Builder, dir: Ino, base: &str, loc: Location, shape: &TensorShape) {
     let bin = b.push(dir, format!("{base}.bin"), Content::Range(loc));
     let node = b.node_mut(bin);
     node.write = Some(WriteTarget::TensorBin {
         location: loc,
         shape: shape.clone(),
     });
-    node.xattrs = tensor_xattrs(model, loc, shape);
     if let (Some(descr), Some(physical)) = (
         scalar_type::numpy_descr(shape.scalar_type),
         shape.physical_shape(),
@@ -270,13 +227,11 @@ fn add_tensor_files(
             location: loc,
             shape: shape.clone(),
         });
-        node.xattrs = tensor_xattrs(model, loc, shape);
     }
 }
 
 fn add_segments(
     b: &mut Builder,
-    model: &Model,
     parent: Ino,
     file: FileIndex,
     segments: &[crate::format::range::ByteRange],
@@ -291,7 +246,6 @@ fn add_segments(
             index: n,
             location: loc,
         });
-        node.xattrs = range_xattrs(model, loc);
     }
 }
 
@@ -310,7 +264,7 @@ fn add_ptd(b: &mut Builder, model: &Model, root: Ino, file: FileIndex) {
         );
         let Ok(loc) = blob.location else { continue };
         match &blob.tensor {
-            Some(shape) => add_tensor_files(b, model, nd_dir, base, loc, shape),
+            Some(shape) => add_tensor_files(b, nd_dir, base, loc, shape),
             None => {
                 let ino = b.push(nd_dir, format!("{base}.bin"), Content::Range(loc));
                 let node = b.node_mut(ino);
@@ -318,11 +272,10 @@ fn add_ptd(b: &mut Builder, model: &Model, root: Ino, file: FileIndex) {
                     file,
                     named_index: k,
                 });
-                node.xattrs = tensor_xattrs(model, loc, &blob_shape(loc.range.len));
             }
         }
     }
-    add_segments(b, model, root, file, &ptd.segments);
+    add_segments(b, root, file, &ptd.segments);
 }
 
 fn add_pte(b: &mut Builder, model: &Model, root: Ino) {
@@ -340,7 +293,7 @@ fn add_pte(b: &mut Builder, model: &Model, root: Ino) {
         for (i, t) in layout.plans[p].tensors.iter().enumerate() {
             b.text(values, &format!("{i}.json"), TextKind::ValueJson(p, i));
             if let Some((t, loc)) = t.as_ref().and_then(|t| t.location.map(|l| (t, l))) {
-                add_tensor_files(b, model, values, &i.to_string(), loc, &t.shape);
+                add_tensor_files(b, values, &i.to_string(), loc, &t.shape);
             }
         }
         let delegates = b.dir(plan_dir, "delegates");
@@ -354,7 +307,6 @@ fn add_pte(b: &mut Builder, model: &Model, root: Ino) {
                     plan: p,
                     delegate: j,
                 });
-                node.xattrs = tensor_xattrs(model, *loc, &blob_shape(loc.range.len));
             }
         }
     }
@@ -373,10 +325,9 @@ fn add_pte(b: &mut Builder, model: &Model, root: Ino) {
                 file: 0,
                 named_index: k,
             });
-            node.xattrs = tensor_xattrs(model, *loc, &blob_shape(loc.range.len));
         }
     }
-    add_segments(b, model, root, 0, &pte.segments);
+    add_segments(b, root, 0, &pte.segments);
     if model.files.len() > 1 {
         let data = b.dir(root, "data");
         for (k, name) in model.data_names().iter().enumerate() {
@@ -394,7 +345,6 @@ impl Tree {
                 parent: ROOT,
                 content: Content::Dir(Vec::new()),
                 write: None,
-                xattrs: Vec::new(),
             }],
         };
         match &model.files[0].kind {

@@ -80,8 +80,6 @@ pub struct Node {
     pub parent: Ino,
     pub content: Content,
     pub write: Option<WriteTarget>,
-    /// `user.ptefs.*` attributes, in listing order.
-    pub xattrs: Vec<(String, String)>,
 }
 
 impl Node {
@@ -97,8 +95,8 @@ pub struct Model {
     pub pte_layout: Option<PteLayout>,
     /// Named blobs of each `.ptd` among `files` (None for the `.pte`).
     pub ptd_blobs: Vec<Option<Vec<NamedBlob>>>,
-    /// Paths that expose each tensor byte range, for `aliases` in the JSON.
-    pub aliases: std::collections::HashMap<Location, Vec<String>>,
+    /// Paths that expose each tensor byte range, for `aliases` in the JSON; built on first use.
+    pub(crate) aliases: OnceLock<std::collections::HashMap<Location, Vec<String>>>,
 }
 
 impl Model {
@@ -175,6 +173,58 @@ impl Tree {
             ),
             _ => None,
         }
+    }
+
+    /// The `user.ptefs.*` attributes of a file, in listing order (DESIGN.md §2.6): where its
+    /// bytes are, and for `.bin`/`.npy` files their type and shape.
+    pub fn xattrs(&self, ino: Ino) -> Vec<(String, String)> {
+        let Some(node) = self.node(ino) else {
+            return Vec::new();
+        };
+        let location = match &node.content {
+            Content::Range(l) | Content::Npy { location: l, .. } => *l,
+            _ => return Vec::new(),
+        };
+        let blob = |len: u64| TensorShape {
+            scalar_type: 0,
+            sizes: vec![i32::try_from(len).unwrap_or(-1)],
+            dim_order: vec![0],
+        };
+        let shape = match &node.write {
+            Some(WriteTarget::TensorBin { shape, .. } | WriteTarget::TensorNpy { shape, .. }) => {
+                Some(shape.clone())
+            }
+            Some(WriteTarget::Blob { .. } | WriteTarget::DelegatePayload { .. }) => {
+                Some(blob(location.range.len))
+            }
+            _ => None,
+        };
+        let mut x = Vec::new();
+        if let Some(shape) = shape {
+            let list = |v: &[i64]| {
+                format!(
+                    "[{}]",
+                    v.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+                )
+            };
+            x.push((
+                "user.ptefs.dtype".to_string(),
+                crate::format::scalar_type::display(shape.scalar_type),
+            ));
+            let sizes: Vec<i64> = shape.sizes.iter().map(|&s| s as i64).collect();
+            let order: Vec<i64> = shape.dim_order.iter().map(|&d| d as i64).collect();
+            x.push(("user.ptefs.shape".to_string(), list(&sizes)));
+            x.push(("user.ptefs.dim_order".to_string(), list(&order)));
+        }
+        x.push((
+            "user.ptefs.file".to_string(),
+            self.model.files[location.file].path.display().to_string(),
+        ));
+        x.push((
+            "user.ptefs.offset".to_string(),
+            location.range.start.to_string(),
+        ));
+        x
     }
 
     /// Exact size of a file (0 for directories).

@@ -471,7 +471,7 @@ fn location_fields(model: &Model, m: &mut Map<String, Value>, loc: Option<Locati
 
 fn aliases_value(model: &Model, loc: Option<Location>, own: &str) -> Value {
     let list: Vec<&String> = loc
-        .and_then(|l| model.aliases.get(&l))
+        .and_then(|l| model.aliases().get(&l))
         .map(|v| v.iter().filter(|p| p.as_str() != own).collect())
         .unwrap_or_default();
     json!(list)
