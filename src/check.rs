@@ -265,6 +265,23 @@ fn check_tensor(place: &str, t: &pte_fb::TensorT, out: &mut Vec<String>) {
         out.push(format!(
             "{place}: sizes: expected non-negative sizes, found {s}"
         ));
+    } else {
+        // The runtime's validate_program refuses an element count or byte size that
+        // overflows. Tensors with bytes in a file get this defect from the layout already.
+        let numel = sizes
+            .iter()
+            .try_fold(1i64, |n, &s| n.checked_mul(i64::from(s)));
+        let elem = scalar_type::element_size(t.scalar_type.0).unwrap_or(1);
+        let overflows = numel.is_none_or(|n| (n as u64).checked_mul(elem).is_none());
+        let external = t
+            .extra_tensor_info
+            .as_ref()
+            .is_some_and(|e| e.location == pte_fb::TensorDataLocation::EXTERNAL);
+        if overflows && t.data_buffer_idx == 0 && !external {
+            out.push(format!(
+                "{place}: sizes {sizes:?}: the element count or byte size overflows 64 bits (the runtime refuses this)"
+            ));
+        }
     }
     match &t.dim_order {
         None => out.push(format!(

@@ -4,6 +4,8 @@
 //! defect message instead of a location, so the rest of the file stays browsable and
 //! `ptefs check` can list every defect. Every location returned lies inside its file.
 
+use std::collections::HashMap;
+
 use super::generated::{ptd_fb, pte_fb};
 use super::ptd::Ptd;
 use super::pte::Pte;
@@ -188,9 +190,26 @@ fn in_segment(
     Ok(Location { file: 0, range })
 }
 
+/// Where each key of the attached `.ptd` files is: (data file, named_data index), in order.
+/// Built once, so resolving every EXTERNAL tensor is linear, not tensors × keys.
+type KeyIndex<'a> = HashMap<&'a str, Vec<(usize, usize)>>;
+
+fn key_index<'a>(data: &[&'a Ptd]) -> KeyIndex<'a> {
+    let mut index: KeyIndex<'a> = HashMap::new();
+    for (k, ptd) in data.iter().enumerate() {
+        for (n, nd) in ptd.flat_tensor.named_data.iter().flatten().enumerate() {
+            if let Some(key) = nd.key.as_deref() {
+                index.entry(key).or_default().push((k, n));
+            }
+        }
+    }
+    index
+}
+
 fn resolve_tensor(
     pte: &Pte,
     data: &[&Ptd],
+    keys: &KeyIndex,
     place: &dyn std::fmt::Display,
     t: &pte_fb::TensorT,
 ) -> TensorData {
@@ -230,7 +249,7 @@ fn resolve_tensor(
     let found = match kind {
         DataKind::Constant => constant_location(pte, place, idx, len),
         DataKind::Mutable => mutable_location(pte, place, idx, len),
-        DataKind::External => external_location(data, place, t, &out.shape, len),
+        DataKind::External => external_location(data, keys, place, t, &out.shape, len),
         DataKind::None => unreachable!(),
     };
     match found {
@@ -321,6 +340,7 @@ fn mutable_location(
 
 fn external_location(
     data: &[&Ptd],
+    keys: &KeyIndex,
     place: &dyn std::fmt::Display,
     t: &pte_fb::TensorT,
     shape: &TensorShape,
@@ -334,23 +354,24 @@ fn external_location(
     if data.is_empty() {
         return Ok(None);
     }
-    let mut found = None;
-    for (k, ptd) in data.iter().enumerate() {
-        for (n, nd) in ptd.flat_tensor.named_data.iter().flatten().enumerate() {
-            if nd.key.as_deref() != Some(fqn) {
-                continue;
-            }
-            if found.is_some() {
-                return Err(format!(
-                    "{place}: key \"{fqn}\" appears in more than one data file"
-                ));
-            }
-            found = Some((k, n, nd));
+    let (k, n) = match keys.get(fqn).map(Vec::as_slice) {
+        None | Some([]) => {
+            return Err(format!(
+                "{place}: EXTERNAL tensor \"{fqn}\" not found in the attached data files"
+            ))
         }
-    }
-    let (k, n, nd) = found.ok_or_else(|| {
-        format!("{place}: EXTERNAL tensor \"{fqn}\" not found in the attached data files")
-    })?;
+        Some([one]) => *one,
+        Some(_) => {
+            return Err(format!(
+                "{place}: key \"{fqn}\" appears in more than one data file"
+            ))
+        }
+    };
+    let nd = &data[k]
+        .flat_tensor
+        .named_data
+        .as_deref()
+        .unwrap_or_default()[n];
     let layout = nd.tensor_layout.as_ref().ok_or_else(|| {
         format!(
             "{place}: key \"{fqn}\" in data file {} has no tensor_layout (the runtime needs one)",
@@ -438,6 +459,7 @@ fn delegate_location(
 pub fn resolve_pte(pte: &Pte, data: &[&Ptd]) -> PteLayout {
     let mut defects = Vec::new();
     let mut plans = Vec::new();
+    let keys = key_index(data);
     for (p, plan) in pte.program.execution_plan.iter().flatten().enumerate() {
         let name = plan.name.as_deref().unwrap_or("");
         let mut tensors = Vec::new();
@@ -449,7 +471,7 @@ pub fn resolve_pte(pte: &Pte, data: &[&Ptd]) -> PteLayout {
                     item: "value",
                     index: i,
                 };
-                resolve_tensor(pte, data, &place, t)
+                resolve_tensor(pte, data, &keys, &place, t)
             });
             if let Some(d) = t.as_ref().and_then(|t| t.defect.clone()) {
                 defects.push(d);

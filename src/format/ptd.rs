@@ -6,7 +6,7 @@
 
 use super::generated::ptd_fb;
 use super::header::{parse_ptd_header, PtdHeader};
-use super::pte::{describe_verifier_error, verifier_options};
+use super::pte::{describe_verifier_error, verifier_options_for};
 use super::range::{checked_range, ByteRange};
 use super::FormatError;
 
@@ -23,8 +23,9 @@ pub struct Ptd {
 pub fn parse_ptd(bytes: &[u8]) -> Result<Ptd, FormatError> {
     let header = parse_ptd_header(bytes)?;
     let flat = &bytes[..header.program_size() as usize];
-    let root = flatbuffers::root_with_opts::<ptd_fb::FlatTensor>(&verifier_options(), flat)
-        .map_err(|e| describe_verifier_error("FlatTensor flatbuffer", &e))?;
+    let root =
+        flatbuffers::root_with_opts::<ptd_fb::FlatTensor>(&verifier_options_for(flat.len()), flat)
+            .map_err(|e| describe_verifier_error("FlatTensor flatbuffer", &e))?;
     let flat_tensor = root.unpack();
     let mut segments = Vec::new();
     for (i, seg) in flat_tensor.segments.iter().flatten().enumerate() {

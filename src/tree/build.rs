@@ -63,6 +63,7 @@ impl Model {
             pte_layout,
             ptd_blobs,
             aliases: OnceLock::new(),
+            plan_names: OnceLock::new(),
         })
     }
 
@@ -71,18 +72,21 @@ impl Model {
         self.aliases.get_or_init(|| collect_aliases(self))
     }
 
-    /// Names of the plans' directories, deduplicated.
-    pub fn plan_names(&self) -> Vec<String> {
-        let plans = self
-            .pte()
-            .and_then(|p| p.program.execution_plan.as_ref())
-            .map(|v| v.as_slice())
-            .unwrap_or_default();
-        names::dedupe(
-            plans
-                .iter()
-                .map(|p| names::encode(p.name.as_deref().unwrap_or(""))),
-        )
+    /// Names of the plans' directories, deduplicated. Computed once: every value's JSON
+    /// names its own path.
+    pub fn plan_names(&self) -> &[String] {
+        self.plan_names.get_or_init(|| {
+            let plans = self
+                .pte()
+                .and_then(|p| p.program.execution_plan.as_ref())
+                .map(|v| v.as_slice())
+                .unwrap_or_default();
+            names::dedupe(
+                plans
+                    .iter()
+                    .map(|p| names::encode(p.name.as_deref().unwrap_or(""))),
+            )
+        })
     }
 
     /// Names of the `data/` subdirectories, deduplicated.

@@ -97,6 +97,8 @@ pub struct Model {
     pub ptd_blobs: Vec<Option<Vec<NamedBlob>>>,
     /// Paths that expose each tensor byte range, for `aliases` in the JSON; built on first use.
     pub(crate) aliases: OnceLock<std::collections::HashMap<Location, Vec<String>>>,
+    /// Directory names of the plans; built on first use.
+    pub(crate) plan_names: OnceLock<Vec<String>>,
 }
 
 impl Model {

@@ -24,17 +24,27 @@ pub fn encode(name: &str) -> String {
     out
 }
 
-/// Names for a list that may repeat: later duplicates get `~<n>` (n = 1, 2, …).
+/// Names for a list that may repeat: later duplicates get `~<n>` (n = 1, 2, …), the first
+/// suffix not taken yet.
 pub fn dedupe(names: impl IntoIterator<Item = String>) -> Vec<String> {
     let mut seen = std::collections::HashSet::new();
+    // Per name, the suffix to try next: the ones below it are taken, and stay taken, so
+    // many repeats of one name cost linear time, not quadratic.
+    let mut next = std::collections::HashMap::new();
     let mut out = Vec::new();
     for name in names {
         let mut candidate = name.clone();
-        let mut n = 1;
-        while !seen.insert(candidate.clone()) {
-            candidate = format!("{name}~{n}");
-            n += 1;
+        if seen.contains(&candidate) {
+            let n = next.entry(name.clone()).or_insert(1u64);
+            loop {
+                candidate = format!("{name}~{n}");
+                *n += 1;
+                if !seen.contains(&candidate) {
+                    break;
+                }
+            }
         }
+        seen.insert(candidate.clone());
         out.push(candidate);
     }
     out
@@ -64,5 +74,9 @@ mod tests {
             "f".to_string(),
         ]);
         assert_eq!(got, ["f", "f~1", "g", "f~2"]);
+        let got = dedupe(["a~1", "a", "a", "a", "a~2~1", "a~2"].map(String::from));
+        assert_eq!(got, ["a~1", "a", "a~2", "a~3", "a~2~1", "a~2~2"]);
+        let many = dedupe(std::iter::repeat_n("k".to_string(), 100_000));
+        assert_eq!(many[99_999], "k~99999");
     }
 }
