@@ -12,6 +12,7 @@ pub mod daemon;
 pub mod edit;
 pub mod format;
 pub mod fs;
+pub mod fuse;
 pub mod guard;
 pub mod offline;
 pub mod tree;

@@ -1,0 +1,196 @@
+//! Kills the daemon with SIGKILL at random moments of in-place commits, many times, and
+//! checks that the model holds entirely the old or entirely the new tensor: right after the
+//! kill (or, when the kill interrupted the write itself, a whole journal waits beside it),
+//! and again after the remount that replays or discards the journal.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ptefs::format::generated::pte_fb;
+use ptefs::format::writer::{pack_program, pte_program_region};
+use ptefs::format::{Kind, ModelFile};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ptefs");
+const SIDE: i32 = 1024; // the tensor is FLOAT[1024, 1024]: 4 MiB
+
+/// `linear.pte` with its weight grown to FLOAT[SIDE, SIDE], filled with `fill`.
+fn big_model(path: &Path, fill: u8) -> (u64, u64) {
+    let orig =
+        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/linear.pte"))
+            .unwrap();
+    let file = ModelFile::from_bytes(Path::new("linear.pte"), orig.clone()).unwrap();
+    let Kind::Pte(pte) = &file.kind else { panic!() };
+    let root =
+        flatbuffers::root::<pte_fb::Program>(&orig[..pte.header.program_size() as usize]).unwrap();
+    let mut program = root.unpack();
+    let plan = &mut program.execution_plan.as_mut().unwrap()[0];
+    let pte_fb::KernelTypesT::Tensor(t) = &mut plan.values.as_mut().unwrap()[0].val else {
+        panic!()
+    };
+    t.sizes = Some(vec![SIDE, SIDE]);
+    let nbytes = (SIDE * SIDE * 4) as u64;
+    // Constants: [placeholder, weight, bias (12 bytes, padded to 16), scalar].
+    let seg = pte.segments[0];
+    let old = &orig[seg.as_usize()];
+    let mut data = vec![fill; nbytes as usize];
+    data.extend_from_slice(&old[48..64]);
+    data.extend_from_slice(&old[64..68]);
+    program.constant_segment.as_mut().unwrap().offsets = Some(vec![0, 0, nbytes, nbytes + 16]);
+    program.segments.as_mut().unwrap()[0].size = data.len() as u64;
+    let fb = pack_program(&program, 16);
+    let (head, base) = pte_program_region(&fb, 16, 128, data.len() as u64, true);
+    let mut out = head;
+    out.resize(base as usize, 0);
+    out.extend_from_slice(&data);
+    std::fs::write(path, &out).unwrap();
+    (base, nbytes)
+}
+
+fn fuse_available() -> bool {
+    Path::new("/dev/fuse").exists()
+}
+
+fn unmount(mnt: &Path) {
+    for tool in ["fusermount3", "fusermount"] {
+        if Command::new(tool)
+            .args(["-u", "-z"])
+            .arg(mnt)
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            return;
+        }
+    }
+    let _ = Command::new("umount")
+        .arg("-l")
+        .arg(mnt)
+        .stderr(Stdio::null())
+        .status();
+}
+
+fn mount(model: &Path, mnt: &Path) -> Child {
+    let child = Command::new(BIN)
+        .arg("mount")
+        .arg("--foreground")
+        .arg(model)
+        .arg(mnt)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !mnt.join("header.json").exists() {
+        assert!(Instant::now() < deadline, "mount did not come up");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child
+}
+
+/// Whether `range` of the file is entirely `a` or entirely `b`.
+fn uniform(bytes: &[u8], fill: u8) -> bool {
+    bytes.iter().all(|&x| x == fill)
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+#[test]
+fn sigkill_during_commits_leaves_old_or_new() {
+    if !fuse_available() {
+        eprintln!("skipped: /dev/fuse is missing");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let model: PathBuf = dir.path().join("big.pte");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let (base, nbytes) = big_model(&model, 0x11);
+    let range = base as usize..(base + nbytes) as usize;
+    let pristine = std::fs::read(&model).unwrap();
+    let journal = ptefs::edit::journal::journal_path(&model);
+    let mut rng = Rng(0x5eed_1234_abcd_ef01);
+    let mut current = 0x11u8;
+    let (mut saw_old, mut saw_new, mut saw_journal) = (0, 0, 0);
+    for round in 0..40 {
+        let next = if current == 0x11 { 0x22 } else { 0x11 };
+        let mut child = mount(&model, &mnt);
+        let target = mnt.join("plans/forward/values/0.bin");
+        let writer = std::thread::spawn(move || {
+            let data = vec![next; nbytes as usize];
+            // Errors are expected: the daemon dies under the writer.
+            let _ = std::fs::write(&target, &data);
+        });
+        std::thread::sleep(Duration::from_micros(rng.below(60_000)));
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGKILL);
+        }
+        let _ = child.wait();
+        unmount(&mnt);
+        writer.join().unwrap();
+
+        let after = std::fs::read(&model).unwrap();
+        assert_eq!(after.len(), pristine.len(), "round {round}: size changed");
+        assert_eq!(
+            &after[..range.start],
+            &pristine[..range.start],
+            "round {round}: bytes before the tensor changed"
+        );
+        assert_eq!(
+            &after[range.end..],
+            &pristine[range.end..],
+            "round {round}: bytes after the tensor changed"
+        );
+        let tensor = &after[range.clone()];
+        let whole = uniform(tensor, current) || uniform(tensor, next);
+        if journal.exists() {
+            saw_journal += 1;
+        } else {
+            assert!(
+                whole,
+                "round {round}: torn tensor with no journal to replay"
+            );
+        }
+
+        // The remount replays a whole journal and discards a torn one.
+        let mut child = mount(&model, &mnt);
+        let seen = std::fs::read(mnt.join("plans/forward/values/0.bin")).unwrap();
+        unmount(&mnt);
+        let _ = child.kill();
+        let _ = child.wait();
+        let after = std::fs::read(&model).unwrap();
+        assert!(
+            !journal.exists(),
+            "round {round}: journal survived the remount"
+        );
+        let tensor = &after[range.clone()];
+        assert_eq!(
+            seen, tensor,
+            "round {round}: the mount showed other bytes than the file"
+        );
+        if uniform(tensor, next) {
+            saw_new += 1;
+            current = next;
+        } else {
+            assert!(
+                uniform(tensor, current),
+                "round {round}: torn after remount"
+            );
+            saw_old += 1;
+        }
+    }
+    eprintln!("old {saw_old}, new {saw_new}, interrupted with a journal {saw_journal}");
+    assert!(
+        saw_old > 0 && saw_new > 0,
+        "kills should land both before and after commits"
+    );
+}

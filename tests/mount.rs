@@ -1,0 +1,1306 @@
+//! Tests that mount for real, through the `ptefs` binary and the tools people use: `ls`,
+//! `cat`, `dd`, `cp`, `xxd`, `getfattr`, Python's `open` and NumPy. Every fixture manifest in
+//! `tests/fixtures` (and `tests/fixtures/extra`) is mounted; what a mount must show comes
+//! from the manifests and `.tree` lists, never from facts written here.
+//!
+//! They need `/dev/fuse` and the right to mount (root in CI), plus `xxd`, `getfattr` and a
+//! `python3` with NumPy (`.ci/run` installs them). Without `/dev/fuse` they are skipped
+//! with a message; a missing tool is a failure.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::CString;
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ptefs");
+
+fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// True (with a message) when this machine cannot mount FUSE at all.
+fn fuse_missing() -> bool {
+    if Path::new("/dev/fuse").exists() {
+        return false;
+    }
+    eprintln!("skipped: /dev/fuse is missing, so nothing can be mounted here");
+    true
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn load_json(path: &Path) -> Value {
+    let text = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_slice(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// One fixture: a model file, its manifest, its `.tree` list and the `.ptd` files it needs.
+struct Fixture {
+    name: String,
+    file: PathBuf,
+    manifest: Value,
+    data: Vec<PathBuf>,
+    tree: Vec<String>,
+}
+
+impl Fixture {
+    fn load(manifest_path: &Path) -> Fixture {
+        let file = manifest_path.with_extension("");
+        let manifest = load_json(manifest_path);
+        let dir = manifest_path.parent().unwrap();
+        let data = manifest["data_files"]
+            .as_array()
+            .map(|a| a.iter().map(|d| dir.join(d.as_str().unwrap())).collect())
+            .unwrap_or_default();
+        let tree_path = PathBuf::from(format!("{}.tree", file.display()));
+        let tree = std::fs::read_to_string(&tree_path)
+            .unwrap_or_else(|e| panic!("{}: {e}", tree_path.display()))
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect();
+        Fixture {
+            name: file.file_name().unwrap().to_string_lossy().into_owned(),
+            file,
+            manifest,
+            data,
+            tree,
+        }
+    }
+
+    /// The fixture whose model file is called `name`.
+    fn named(name: &str) -> Fixture {
+        all_fixtures()
+            .into_iter()
+            .find(|f| f.name == name)
+            .unwrap_or_else(|| panic!("no fixture {name}"))
+    }
+
+    fn data_manifest(&self, ptd: &Path) -> Value {
+        load_json(&PathBuf::from(format!("{}.json", ptd.display())))
+    }
+}
+
+/// Every fixture with a manifest, in `tests/fixtures` and `tests/fixtures/extra`.
+fn all_fixtures() -> Vec<Fixture> {
+    let mut manifests = Vec::new();
+    for dir in [fixtures_dir(), fixtures_dir().join("extra")] {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "json") && p.with_extension("").is_file() {
+                manifests.push(p);
+            }
+        }
+    }
+    manifests.sort();
+    assert!(!manifests.is_empty(), "no fixture manifests found");
+    manifests.iter().map(|m| Fixture::load(m)).collect()
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Whether `path` is a mount point now.
+fn is_mounted(path: &Path) -> bool {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let want = path.as_os_str().as_bytes();
+    table.lines().any(|l| {
+        l.split(' ')
+            .nth(4)
+            .is_some_and(|p| p.replace("\\040", " ").as_bytes() == want)
+    })
+}
+
+fn mountinfo_line(path: &Path) -> Option<String> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    table
+        .lines()
+        .rfind(|l| l.split(' ').nth(4) == Some(path.to_str().unwrap()))
+        .map(str::to_string)
+}
+
+/// A fixture copied into a temp dir and mounted there; unmounted when dropped.
+struct Mount {
+    dir: tempfile::TempDir,
+    model: PathBuf,
+    data: Vec<PathBuf>,
+    mnt: PathBuf,
+    args: Vec<String>,
+    live: bool,
+}
+
+impl Mount {
+    fn new(fx: &Fixture, args: &[&str]) -> Mount {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let model = root.join(&fx.name);
+        std::fs::copy(&fx.file, &model).unwrap();
+        let data: Vec<PathBuf> = fx
+            .data
+            .iter()
+            .map(|d| {
+                let to = root.join(d.file_name().unwrap());
+                std::fs::copy(d, &to).unwrap();
+                to
+            })
+            .collect();
+        let mnt = root.join("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        let mut m = Mount {
+            dir,
+            model,
+            data,
+            mnt,
+            args: args.iter().map(|s| s.to_string()).collect(),
+            live: false,
+        };
+        m.mount();
+        m
+    }
+
+    fn mount(&mut self) {
+        let out = run(&mut self.mount_command());
+        assert!(
+            out.status.success(),
+            "ptefs mount {} failed: {}",
+            self.model.display(),
+            text(&out.stderr)
+        );
+        self.live = true;
+        // `mount` returns once the mount is live: no waiting here.
+        assert!(
+            is_mounted(&self.mnt),
+            "mount returned before the mount was live"
+        );
+    }
+
+    fn mount_command(&self) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("mount").arg(&self.model).arg(&self.mnt);
+        for d in &self.data {
+            cmd.arg("--data").arg(d);
+        }
+        cmd.args(&self.args);
+        cmd
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    fn umount(&mut self) {
+        let out = run(Command::new(BIN).arg("umount").arg(&self.mnt));
+        assert!(
+            out.status.success(),
+            "ptefs umount failed: {}",
+            text(&out.stderr)
+        );
+        self.live = false;
+        assert!(!is_mounted(&self.mnt), "still mounted after ptefs umount");
+    }
+
+    fn remount(&mut self) {
+        self.umount();
+        self.mount();
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if !self.live {
+            return;
+        }
+        let ok = Command::new(BIN)
+            .arg("umount")
+            .arg(&self.mnt)
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            for (tool, flags) in [("fusermount3", "-uz"), ("umount", "-l")] {
+                let _ = Command::new(tool)
+                    .arg(flags)
+                    .arg(&self.mnt)
+                    .stderr(Stdio::null())
+                    .status();
+            }
+        }
+    }
+}
+
+/// Every path below `root` (directories with a trailing `/`), by readdir, as `ls -R` walks.
+fn walk(root: &Path) -> Vec<(String, std::fs::Metadata)> {
+    let mut out = Vec::new();
+    let mut stack = vec![(root.to_path_buf(), String::new())];
+    while let Some((dir, prefix)) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let e = e.unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            let meta = std::fs::symlink_metadata(e.path()).unwrap();
+            if meta.is_dir() {
+                stack.push((e.path(), format!("{prefix}{name}/")));
+                out.push((format!("{prefix}{name}/"), meta));
+            } else {
+                out.push((format!("{prefix}{name}"), meta));
+            }
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// File names DESIGN.md §2.6 gives plan names and keys.
+fn encode(name: &str) -> String {
+    match name {
+        "." => return "%2E".into(),
+        ".." => return "%2E%2E".into(),
+        "" => return "%".into(),
+        _ => {}
+    }
+    let mut out = String::new();
+    for c in name.chars() {
+        match c {
+            '/' => out.push_str("%2F"),
+            '%' => out.push_str("%25"),
+            '\0' => out.push_str("%00"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn plan_dirs(manifest: &Value) -> Vec<String> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for p in manifest["plans"].as_array().unwrap() {
+        let base = encode(p["name"].as_str().unwrap());
+        let mut name = base.clone();
+        let mut n = 1;
+        while !seen.insert(name.clone()) {
+            name = format!("{base}~{n}");
+            n += 1;
+        }
+        out.push(format!("plans/{name}"));
+    }
+    out
+}
+
+fn ints(v: &Value) -> Vec<i64> {
+    v.as_array()
+        .map(|a| a.iter().map(|x| x.as_i64().unwrap()).collect())
+        .unwrap_or_default()
+}
+
+/// The physical shape of a `.npy`: sizes in dim order.
+fn npy_shape(sizes: &Value, dim_order: &Value) -> Vec<i64> {
+    let sizes = ints(sizes);
+    let order = ints(dim_order);
+    if order.len() == sizes.len() {
+        order.iter().map(|&d| sizes[d as usize]).collect()
+    } else {
+        sizes
+    }
+}
+
+/// What the manifests say about a mount's files.
+#[derive(Default)]
+struct Expected {
+    /// sha256 of files whose bytes the manifests know.
+    sha: BTreeMap<String, String>,
+    /// NumPy shape of each `.npy`.
+    npy: BTreeMap<String, Vec<i64>>,
+}
+
+fn expect_ptd(prefix: &str, m: &Value, out: &mut Expected) {
+    for nd in m["named_data"].as_array().into_iter().flatten() {
+        let key = encode(nd["key"].as_str().unwrap());
+        out.sha.insert(
+            format!("{prefix}named_data/{key}.bin"),
+            nd["sha256"].as_str().unwrap().into(),
+        );
+        let layout = &nd["tensor_layout"];
+        if layout.is_object() {
+            out.npy.insert(
+                format!("{prefix}named_data/{key}.npy"),
+                npy_shape(&layout["sizes"], &layout["dim_order"]),
+            );
+        }
+    }
+    for (n, s) in m["segments"].as_array().into_iter().flatten().enumerate() {
+        out.sha.insert(
+            format!("{prefix}segments/{n}"),
+            s["sha256"].as_str().unwrap().into(),
+        );
+    }
+}
+
+fn expected(fx: &Fixture) -> Expected {
+    let m = &fx.manifest;
+    let mut out = Expected::default();
+    if m["kind"] == "ptd" {
+        expect_ptd("", m, &mut out);
+        return out;
+    }
+    // Named blobs of the attached .ptd files, by key, for EXTERNAL tensors.
+    let mut external = BTreeMap::new();
+    for d in &fx.data {
+        let dm = fx.data_manifest(d);
+        let stem = d.file_stem().unwrap().to_string_lossy().into_owned();
+        expect_ptd(&format!("data/{}/", encode(&stem)), &dm, &mut out);
+        for nd in dm["named_data"].as_array().into_iter().flatten() {
+            external.insert(
+                nd["key"].as_str().unwrap().to_string(),
+                nd["sha256"].as_str().unwrap().to_string(),
+            );
+        }
+    }
+    expect_ptd("", m, &mut out);
+    for (plan, dir) in m["plans"].as_array().unwrap().iter().zip(plan_dirs(m)) {
+        for v in plan["values"].as_array().unwrap() {
+            if v["kind"] != "Tensor" {
+                continue;
+            }
+            let i = v["index"].as_i64().unwrap();
+            let sha = v["sha256"].as_str().map(str::to_string).or_else(|| {
+                v["extra_tensor_info"]["fully_qualified_name"]
+                    .as_str()
+                    .filter(|_| v["data"] == "external")
+                    .and_then(|fqn| external.get(fqn).cloned())
+            });
+            if let Some(sha) = sha {
+                out.sha.insert(format!("{dir}/values/{i}.bin"), sha);
+                out.npy.insert(
+                    format!("{dir}/values/{i}.npy"),
+                    npy_shape(&v["sizes"], &v["dim_order"]),
+                );
+            }
+        }
+        for (j, d) in plan["delegates"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            out.sha.insert(
+                format!("{dir}/delegates/{j}/processed.bin"),
+                d["sha256"].as_str().unwrap().into(),
+            );
+        }
+    }
+    out
+}
+
+/// Files DESIGN.md §3 makes writable.
+fn writable(path: &str) -> bool {
+    let parts: Vec<&str> = path.split('/').collect();
+    let n = parts.len();
+    let name = parts[n - 1];
+    let parent = if n >= 2 { parts[n - 2] } else { "" };
+    let raw = name.ends_with(".bin") || name.ends_with(".npy");
+    ((parent == "values" || parent == "named_data") && raw)
+        || (parent == "segments" && !name.is_empty())
+        || (name == "processed.bin" && n >= 3 && parts[n - 3] == "delegates")
+}
+
+fn getxattr(path: &Path, name: &str) -> Option<String> {
+    let p = CString::new(path.as_os_str().as_bytes()).unwrap();
+    let n = CString::new(name).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: valid C strings and a buffer of the given length.
+    let len = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if len < 0 {
+        return None;
+    }
+    buf.truncate(len as usize);
+    Some(String::from_utf8(buf).unwrap())
+}
+
+/// A `python3` that has NumPy (the one on PATH may be a bare pyenv build).
+fn python() -> &'static str {
+    static PY: OnceLock<String> = OnceLock::new();
+    PY.get_or_init(|| {
+        for cand in ["python3", "/usr/bin/python3", "/usr/local/bin/python3"] {
+            let ok = Command::new(cand)
+                .args(["-c", "import numpy"])
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok {
+                return cand.to_string();
+            }
+        }
+        panic!("no python3 with NumPy found: install python3-numpy (see .ci/run)");
+    })
+}
+
+/// Runs a Python script with `args`; returns (exit ok, stdout, stderr).
+fn py(script: &str, args: &[&str]) -> (bool, String, String) {
+    let out = run(Command::new(python()).arg("-c").arg(script).args(args));
+    (out.status.success(), text(&out.stdout), text(&out.stderr))
+}
+
+/// The errno a Python snippet reports, or "ok".
+fn py_errno(script: &str, args: &[&str]) -> String {
+    let wrapped = format!(
+        "import sys, os, errno\ntry:\n{}\n    print('ok')\nexcept OSError as e:\n    print(errno.errorcode.get(e.errno, e.errno))\n",
+        script
+            .lines()
+            .map(|l| format!("    {l}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let (ok, stdout, stderr) = py(&wrapped, args);
+    assert!(ok, "python failed: {stderr}");
+    stdout.trim().to_string()
+}
+
+fn tool(cmd: &mut Command) -> Vec<u8> {
+    let out = run(cmd);
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        text(&out.stderr)
+    );
+    out.stdout
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(97).wrapping_add(seed) ^ (i >> 8) as u8)
+        .collect()
+}
+
+fn paths_of(tree: &[String], pred: impl Fn(&str) -> bool) -> Vec<String> {
+    tree.iter().filter(|p| pred(p)).cloned().collect()
+}
+
+// ---------------------------------------------------------------------------------------
+
+/// Everything a read-only user sees, for one fixture.
+fn check_fixture(fx: &Fixture) -> Vec<String> {
+    let mut errors = Vec::new();
+    let mut err = |e: String| errors.push(format!("{}: {e}", fx.name));
+    let mut m = Mount::new(fx, &[]);
+    let exp = expected(fx);
+
+    // The tree: exactly the listed paths.
+    let seen = walk(&m.mnt);
+    let names: Vec<String> = seen.iter().map(|(p, _)| p.clone()).collect();
+    let mut want = fx.tree.clone();
+    want.sort();
+    if names != want {
+        let a: BTreeSet<_> = names.iter().collect();
+        let b: BTreeSet<_> = want.iter().collect();
+        err(format!(
+            "tree differs: extra {:?}, missing {:?}",
+            a.difference(&b).collect::<Vec<_>>(),
+            b.difference(&a).collect::<Vec<_>>()
+        ));
+    }
+    let ls = run(Command::new("ls").arg("-lR").arg(&m.mnt));
+    if !ls.status.success() {
+        err(format!("ls -lR failed: {}", text(&ls.stderr)));
+    }
+
+    // Modes, owner and times.
+    let backing = std::fs::metadata(&m.model).unwrap();
+    for (p, meta) in &seen {
+        let perm = meta.permissions().mode() & 0o7777;
+        if meta.is_dir() {
+            if perm != 0o555 && perm != 0o755 {
+                err(format!("{p}: directory mode {perm:o}"));
+            }
+        } else {
+            let want = if writable(p) { 0o644 } else { 0o444 };
+            if perm != want {
+                err(format!("{p}: mode {perm:o}, expected {want:o}"));
+            }
+            if meta.blksize() < 1 << 20 {
+                err(format!("{p}: st_blksize {}", meta.blksize()));
+            }
+        }
+        if (meta.uid(), meta.gid()) != (backing.uid(), backing.gid()) {
+            err(format!("{p}: owner {}:{}", meta.uid(), meta.gid()));
+        }
+        if (meta.mtime(), meta.mtime_nsec()) != (backing.mtime(), backing.mtime_nsec()) {
+            err(format!("{p}: mtime differs from the backing file's"));
+        }
+    }
+
+    // Every file reads whole, with its stat size (cat).
+    for (p, meta) in &seen {
+        if meta.is_file() {
+            match std::fs::read(m.path(p)) {
+                Ok(b) if b.len() as u64 == meta.len() => {}
+                Ok(b) => err(format!(
+                    "{p}: read {} bytes, stat says {}",
+                    b.len(),
+                    meta.len()
+                )),
+                Err(e) => err(format!("{p}: cat: {e}")),
+            }
+        }
+    }
+
+    // Bytes with known hashes, by cat and dd bs=1M.
+    for p in &names {
+        let raw =
+            !p.ends_with('/') && (p.ends_with(".bin") || p.rsplit('/').nth(1) == Some("segments"));
+        if raw && !exp.sha.contains_key(p) {
+            err(format!("{p}: no manifest hash covers this file"));
+        }
+    }
+    for (p, sha) in &exp.sha {
+        if !names.contains(p) {
+            err(format!("{p}: expected by the manifest but not in the tree"));
+            continue;
+        }
+        let cat = std::fs::read(m.path(p)).unwrap();
+        if &sha256_hex(&cat) != sha {
+            err(format!(
+                "{p}: cat gives other bytes than the manifest's sha256"
+            ));
+        }
+        let dd = tool(
+            Command::new("dd")
+                .arg(format!("if={}", m.path(p).display()))
+                .args(["bs=1M", "status=none"]),
+        );
+        if &sha256_hex(&dd) != sha {
+            err(format!(
+                "{p}: dd bs=1M gives other bytes than the manifest's sha256"
+            ));
+        }
+    }
+
+    // Extended attributes, and xxd of the backing file at user.ptefs.offset.
+    let backing_files: Vec<PathBuf> = std::iter::once(m.model.clone())
+        .chain(m.data.clone())
+        .collect();
+    for p in &names {
+        let f = m.path(p);
+        if p.ends_with(".bin") || p.ends_with(".npy") {
+            let dump = text(&tool(
+                Command::new("getfattr")
+                    .args(["-d", "--absolute-names"])
+                    .arg(&f),
+            ));
+            for a in ["dtype", "shape", "dim_order", "file", "offset"] {
+                if !dump.contains(&format!("user.ptefs.{a}=")) {
+                    err(format!("{p}: getfattr -d lacks user.ptefs.{a}:\n{dump}"));
+                }
+            }
+        }
+        let Some(file) = getxattr(&f, "user.ptefs.file") else {
+            continue;
+        };
+        if !backing_files.iter().any(|b| Path::new(&file) == b) {
+            err(format!("{p}: user.ptefs.file is {file}"));
+        }
+        if p.ends_with(".npy") {
+            let bin = format!("{}.bin", p.trim_end_matches(".npy"));
+            if getxattr(&f, "user.ptefs.offset") != getxattr(&m.path(&bin), "user.ptefs.offset") {
+                err(format!("{p}: offset differs from {bin}'s"));
+            }
+            continue;
+        }
+        let len = std::fs::metadata(&f).unwrap().len();
+        if len == 0 {
+            continue;
+        }
+        let via_offset = tool(
+            Command::new("sh")
+                .arg("-c")
+                .arg(r#"xxd -p -s "$(getfattr --only-values -n user.ptefs.offset "$1")" -l "$2" "$(getfattr --only-values -n user.ptefs.file "$1")""#)
+                .arg("sh")
+                .arg(&f)
+                .arg(len.to_string()),
+        );
+        let direct = tool(Command::new("xxd").arg("-p").arg(&f));
+        if via_offset != direct {
+            err(format!(
+                "{p}: xxd of the backing file at user.ptefs.offset differs"
+            ));
+        }
+    }
+
+    // NumPy loads every .npy with the physical shape and the .bin's bytes.
+    let npys = paths_of(&names, |p| p.ends_with(".npy"));
+    let mut checks = Vec::new();
+    for p in &npys {
+        let Some(shape) = exp.npy.get(p) else {
+            err(format!("{p}: no manifest entry gives its shape"));
+            continue;
+        };
+        checks.push(serde_json::json!({
+            "npy": m.path(p),
+            "bin": m.path(&format!("{}.bin", p.trim_end_matches(".npy"))),
+            "shape": shape,
+        }));
+    }
+    if !checks.is_empty() {
+        let list = serde_json::to_string(&checks).unwrap();
+        let (ok, stdout, stderr) = py(
+            r#"
+import json, sys, numpy
+bad = []
+for c in json.loads(sys.argv[1]):
+    try:
+        a = numpy.load(c["npy"], allow_pickle=False)
+    except Exception as e:
+        bad.append(f'{c["npy"]}: numpy.load: {e}')
+        continue
+    if list(a.shape) != c["shape"]:
+        bad.append(f'{c["npy"]}: shape {list(a.shape)}, expected {c["shape"]}')
+    if a.tobytes() != open(c["bin"], "rb").read():
+        bad.append(f'{c["npy"]}: data differs from the .bin')
+print("\n".join(bad))
+sys.exit(1 if bad else 0)
+"#,
+            &[&list],
+        );
+        if !ok {
+            err(format!("numpy: {stdout}{stderr}"));
+        }
+    }
+
+    m.umount();
+    errors
+}
+
+#[test]
+fn every_fixture_mounts_with_its_tree_bytes_xattrs_and_npy_shapes() {
+    if fuse_missing() {
+        return;
+    }
+    let fixtures = all_fixtures();
+    let errors: Vec<String> = std::thread::scope(|s| {
+        let chunks: Vec<&[Fixture]> = fixtures.chunks(fixtures.len().div_ceil(4)).collect();
+        let handles: Vec<_> = chunks
+            .into_iter()
+            .map(|c| s.spawn(move || c.iter().flat_map(check_fixture).collect::<Vec<_>>()))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    assert!(errors.is_empty(), "\n{}", errors.join("\n"));
+    eprintln!("checked {} fixtures", fixtures.len());
+}
+
+#[test]
+fn read_only_mounts_show_0444_and_refuse_writes_with_erofs() {
+    if fuse_missing() {
+        return;
+    }
+    for fx in all_fixtures() {
+        let m = Mount::new(&fx, &["--read-only"]);
+        for (p, meta) in walk(&m.mnt) {
+            let perm = meta.permissions().mode() & 0o7777;
+            let want = if meta.is_dir() { 0o555 } else { 0o444 };
+            assert_eq!(perm, want, "{}: {p} has mode {perm:o}", fx.name);
+        }
+        let targets = paths_of(&fx.tree, writable);
+        let Some(target) = targets.first() else {
+            continue;
+        };
+        let f = m.path(target);
+        let f = f.to_str().unwrap();
+        assert_eq!(py_errno("open(sys.argv[1], 'r+b')", &[f]), "EROFS");
+        assert_eq!(py_errno("open(sys.argv[1], 'wb')", &[f]), "EROFS");
+        assert_eq!(py_errno("os.truncate(sys.argv[1], 0)", &[f]), "EROFS");
+        assert_eq!(py_errno("os.unlink(sys.argv[1])", &[f]), "EROFS");
+        let scratch = format!("{f}.swp");
+        assert_eq!(py_errno("open(sys.argv[1], 'wb')", &[&scratch]), "EROFS");
+        assert_eq!(
+            py_errno("os.setxattr(sys.argv[1], 'user.x', b'1')", &[f]),
+            "EROFS"
+        );
+        let before = std::fs::read(&m.model).unwrap();
+        drop(m);
+        assert_eq!(before, std::fs::read(fx.file).unwrap(), "{}", fx.name);
+    }
+}
+
+/// `cp` of a raw tensor over its `.bin`: the backing file is the original with exactly that
+/// range replaced, and every view of the bytes (the `.npy`) shows the new ones.
+#[test]
+fn cp_of_a_same_size_tensor_replaces_exactly_its_range() {
+    if fuse_missing() {
+        return;
+    }
+    let mut swapped = 0;
+    for fx in all_fixtures() {
+        let bins = paths_of(&fx.tree, |p| {
+            writable(p) && p.ends_with(".bin") && p.contains("/values/")
+        });
+        let Some(target) = bins.first() else {
+            continue;
+        };
+        let m = Mount::new(&fx, &[]);
+        let f = m.path(target);
+        let len = std::fs::metadata(&f).unwrap().len() as usize;
+        let offset: usize = getxattr(&f, "user.ptefs.offset").unwrap().parse().unwrap();
+        let backing = PathBuf::from(getxattr(&f, "user.ptefs.file").unwrap());
+        let npy = m.path(&format!("{}.npy", target.trim_end_matches(".bin")));
+        let npy_before = std::fs::read(&npy).unwrap();
+        let original = std::fs::read(&backing).unwrap();
+        let others: Vec<(PathBuf, Vec<u8>)> = std::iter::once(&m.model)
+            .chain(&m.data)
+            .filter(|p| **p != backing)
+            .map(|p| (p.clone(), std::fs::read(p).unwrap()))
+            .collect();
+
+        let new = pattern(len, 0x5a);
+        let src = m.dir.path().join("new.bin");
+        std::fs::write(&src, &new).unwrap();
+        let out = run(Command::new("cp").arg(&src).arg(&f));
+        assert!(
+            out.status.success(),
+            "{}: cp: {}",
+            fx.name,
+            text(&out.stderr)
+        );
+
+        let mut expected = original.clone();
+        expected[offset..offset + len].copy_from_slice(&new);
+        let after = std::fs::read(&backing).unwrap();
+        assert_eq!(after.len(), original.len(), "{}: size changed", fx.name);
+        assert!(
+            after == expected,
+            "{}: {target}: the backing file is not the original with exactly {offset}..{} replaced",
+            fx.name,
+            offset + len
+        );
+        for (p, bytes) in others {
+            assert_eq!(
+                std::fs::read(&p).unwrap(),
+                bytes,
+                "{}: {}",
+                fx.name,
+                p.display()
+            );
+        }
+        assert_eq!(std::fs::read(&f).unwrap(), new, "{}: {target}", fx.name);
+        let npy_after = std::fs::read(&npy).unwrap();
+        let header = npy_before.len() - len;
+        assert_eq!(&npy_after[..header], &npy_before[..header]);
+        assert_eq!(&npy_after[header..], &new[..], "{}: stale .npy", fx.name);
+        swapped += 1;
+    }
+    assert!(swapped > 0, "no fixture has a tensor .bin");
+}
+
+#[test]
+fn numpy_save_onto_an_npy_commits_and_a_wrong_shape_is_einval() {
+    if fuse_missing() {
+        return;
+    }
+    let mut done = 0;
+    for fx in all_fixtures() {
+        let npys = paths_of(&fx.tree, |p| p.ends_with(".npy") && p.contains("/values/"));
+        let m = Mount::new(&fx, &[]);
+        let Some(target) = npys.iter().find(|p| {
+            let dtype = getxattr(&m.path(p), "user.ptefs.dtype");
+            dtype.as_deref() == Some("FLOAT") && std::fs::metadata(m.path(p)).unwrap().len() > 128
+        }) else {
+            continue;
+        };
+        let f = m.path(target);
+        let bin = m.path(&format!("{}.bin", target.trim_end_matches(".npy")));
+        let offset: usize = getxattr(&f, "user.ptefs.offset").unwrap().parse().unwrap();
+        let backing = PathBuf::from(getxattr(&f, "user.ptefs.file").unwrap());
+        let (ok, out, errs) = py(
+            r#"
+import sys, numpy
+p = sys.argv[1]
+a = numpy.load(p)
+b = (numpy.arange(a.size, dtype=a.dtype).reshape(a.shape) * 0.25 + 1.5).astype(a.dtype)
+numpy.save(p, b)
+c = numpy.load(p)
+assert c.shape == a.shape and c.dtype == a.dtype and (c == b).all(), "not saved"
+sys.stdout.write(b.tobytes().hex())
+"#,
+            &[f.to_str().unwrap()],
+        );
+        assert!(ok, "{}: numpy.save: {errs}", fx.name);
+        let new: Vec<u8> = (0..out.len() / 2)
+            .map(|i| u8::from_str_radix(&out[2 * i..2 * i + 2], 16).unwrap())
+            .collect();
+        assert_eq!(
+            std::fs::read(&bin).unwrap(),
+            new,
+            "{}: .bin after save",
+            fx.name
+        );
+        let file = std::fs::read(&backing).unwrap();
+        assert_eq!(&file[offset..offset + new.len()], &new[..], "{}", fx.name);
+
+        let before = std::fs::read(&backing).unwrap();
+        let errno = py_errno(
+            "import numpy\na = numpy.load(sys.argv[1])\nnumpy.save(sys.argv[1], a.reshape((1,) + a.shape))",
+            &[f.to_str().unwrap()],
+        );
+        assert_eq!(errno, "EINVAL", "{}: wrong-shape save", fx.name);
+        assert_eq!(std::fs::read(&backing).unwrap(), before, "{}", fx.name);
+        let (ok, _, errs) = py(
+            "import sys, numpy\nassert numpy.load(sys.argv[1]).tobytes() == open(sys.argv[2], 'rb').read()",
+            &[f.to_str().unwrap(), bin.to_str().unwrap()],
+        );
+        assert!(ok, "{}: after a refused save: {errs}", fx.name);
+        done += 1;
+    }
+    assert!(done > 0, "no fixture has a FLOAT .npy");
+}
+
+#[test]
+fn wrong_size_writes_fail_at_close_with_einval_and_change_nothing() {
+    if fuse_missing() {
+        return;
+    }
+    let mut done = 0;
+    for fx in all_fixtures() {
+        let bins = paths_of(&fx.tree, |p| p.contains("/values/") && p.ends_with(".bin"));
+        let Some(target) = bins.first() else {
+            continue;
+        };
+        let m = Mount::new(&fx, &[]);
+        let f = m.path(target);
+        let original = std::fs::read(&f).unwrap();
+        let backing = PathBuf::from(getxattr(&f, "user.ptefs.file").unwrap());
+        let sha = sha256_hex(&std::fs::read(&backing).unwrap());
+        let fs = f.to_str().unwrap();
+        // (A plain truncation closed without writes is committed at the last close, where
+        // no error can be returned: see the fuse module.)
+        let mut sizes = vec![original.len() + 4];
+        if original.len() > 1 {
+            sizes.push(original.len() - 1);
+        }
+        for n in sizes {
+            let got = py_errno(
+                "f = open(sys.argv[1], 'wb')\nf.write(b'\\x07' * int(sys.argv[2]))\nf.close()",
+                &[fs, &n.to_string()],
+            );
+            assert_eq!(got, "EINVAL", "{}: {n} bytes into {target}", fx.name);
+            assert_eq!(
+                sha256_hex(&std::fs::read(&backing).unwrap()),
+                sha,
+                "{}: a rejected write changed the file",
+                fx.name
+            );
+            assert_eq!(std::fs::read(&f).unwrap(), original, "{}", fx.name);
+            assert_eq!(std::fs::metadata(&f).unwrap().len(), original.len() as u64);
+        }
+        // A shell redirection duplicates and closes the descriptor before writing.
+        let sh = run(Command::new("sh")
+            .arg("-c")
+            .arg(format!("head -c {} /dev/zero > '{fs}'", original.len() + 1)));
+        assert!(
+            !sh.status.success(),
+            "{}: sh redirection succeeded",
+            fx.name
+        );
+        assert_eq!(sha256_hex(&std::fs::read(&backing).unwrap()), sha);
+        done += 1;
+    }
+    assert!(done > 0);
+}
+
+#[test]
+fn read_only_files_are_eacces_and_the_tree_cannot_be_reshaped() {
+    if fuse_missing() {
+        return;
+    }
+    let fx = all_fixtures()
+        .into_iter()
+        .find(|f| {
+            f.tree
+                .iter()
+                .any(|p| p.contains("/values/") && p.ends_with(".bin"))
+        })
+        .expect("a fixture with a tensor .bin");
+    let m = Mount::new(&fx, &[]);
+    let before = std::fs::read(&m.model).unwrap();
+    let json = paths_of(&fx.tree, |p| p.ends_with(".json"));
+    for p in json.iter().take(5) {
+        let f = m.path(p);
+        let f = f.to_str().unwrap();
+        assert_eq!(py_errno("open(sys.argv[1], 'r+b')", &[f]), "EACCES", "{p}");
+        assert_eq!(py_errno("open(sys.argv[1], 'wb')", &[f]), "EACCES", "{p}");
+    }
+    let bin = paths_of(&fx.tree, |p| p.contains("/values/") && p.ends_with(".bin"))[0].clone();
+    let f = m.path(&bin);
+    let fs = f.to_str().unwrap();
+    assert_eq!(py_errno("os.unlink(sys.argv[1])", &[fs]), "EPERM");
+    let rm = run(Command::new("rm").arg("-f").arg(&f));
+    assert!(!rm.status.success(), "rm of a tensor succeeded");
+    assert!(f.exists());
+    let dir = f.parent().unwrap().to_str().unwrap().to_string();
+    assert_eq!(py_errno("os.mkdir(sys.argv[1] + '/x')", &[&dir]), "EPERM");
+    assert_eq!(py_errno("os.rmdir(sys.argv[1])", &[&dir]), "EPERM");
+    assert_eq!(
+        py_errno("os.symlink('x', sys.argv[1] + '/l')", &[&dir]),
+        "EPERM"
+    );
+    assert_eq!(
+        py_errno("os.link(sys.argv[1], sys.argv[1] + '.2')", &[fs]),
+        "EPERM"
+    );
+    assert_eq!(
+        py_errno("os.rename(sys.argv[1], sys.argv[1] + '.moved')", &[fs]),
+        "EPERM"
+    );
+    assert_eq!(
+        py_errno("os.setxattr(sys.argv[1], 'user.ptefs.dtype', b'x')", &[fs]),
+        "EPERM"
+    );
+    assert_eq!(py_errno("os.chmod(sys.argv[1], 0o600)", &[fs]), "EPERM");
+    // A directory without writable files takes no new files.
+    let root = m.mnt.to_str().unwrap().to_string();
+    assert_eq!(
+        py_errno("open(sys.argv[1] + '/new.txt', 'wb')", &[&root]),
+        "EACCES"
+    );
+    assert_eq!(std::fs::read(&m.model).unwrap(), before);
+}
+
+/// Save like an editor: write a new file beside the target, then rename it over the target.
+#[test]
+fn editor_save_through_a_scratch_file_and_rename_commits() {
+    if fuse_missing() {
+        return;
+    }
+    let fx = all_fixtures()
+        .into_iter()
+        .find(|f| {
+            f.tree
+                .iter()
+                .any(|p| p.contains("/values/") && p.ends_with(".bin"))
+        })
+        .expect("a fixture with a tensor .bin");
+    let mut m = Mount::new(&fx, &[]);
+    let target = paths_of(&fx.tree, |p| p.contains("/values/") && p.ends_with(".bin"))[0].clone();
+    let f = m.path(&target);
+    let len = std::fs::metadata(&f).unwrap().len() as usize;
+    let offset: usize = getxattr(&f, "user.ptefs.offset").unwrap().parse().unwrap();
+    let backing = PathBuf::from(getxattr(&f, "user.ptefs.file").unwrap());
+    for round in 0..2u8 {
+        let new = pattern(len, 0x11 + round);
+        let new_hex: String = new.iter().map(|b| format!("{b:02x}")).collect();
+        let (ok, out, errs) = py(
+            r#"
+import os, sys
+target, data = sys.argv[1], bytes.fromhex(sys.argv[2])
+d, name = os.path.split(target)
+tmp = os.path.join(d, "." + name + ".swp")
+with open(tmp, "wb") as f:
+    f.write(data)
+    f.flush()
+    os.fsync(f.fileno())
+assert "." + name + ".swp" in os.listdir(d), "scratch file not listed"
+os.rename(tmp, target)
+assert "." + name + ".swp" not in os.listdir(d), "scratch file still listed"
+st = os.stat(target)
+with open(target, "rb") as f:
+    got = f.read()
+print(st.st_size, got == data)
+"#,
+            &[f.to_str().unwrap(), &new_hex],
+        );
+        assert!(ok, "round {round}: {errs}");
+        assert_eq!(out.trim(), format!("{len} True"), "round {round}");
+        let file = std::fs::read(&backing).unwrap();
+        assert_eq!(&file[offset..offset + len], &new[..], "round {round}");
+    }
+    let last = std::fs::read(&f).unwrap();
+    m.remount();
+    assert_eq!(std::fs::read(m.path(&target)).unwrap(), last);
+}
+
+/// Reads every `segments/<n>` of a mount.
+fn segments(m: &Mount, tree: &[String]) -> BTreeMap<String, Vec<u8>> {
+    paths_of(tree, |p| {
+        p.starts_with("segments/") && p.len() > "segments/".len()
+    })
+    .into_iter()
+    .map(|p| {
+        let b = std::fs::read(m.path(&p)).unwrap();
+        (p, b)
+    })
+    .collect()
+}
+
+fn offline_check(m: &Mount) {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("check").arg(&m.model);
+    for d in &m.data {
+        cmd.arg("--data").arg(d);
+    }
+    let out = run(&mut cmd);
+    assert!(
+        out.status.success(),
+        "ptefs check after a re-layout: {}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
+
+/// Replaces `path` with `new` (of another size) and checks that exactly one segment changed.
+fn resize_and_check(m: &Mount, tree: &[String], path: &str, new: &[u8]) {
+    let before = segments(m, tree);
+    let file_before = std::fs::metadata(&m.model).unwrap().len();
+    let f = m.path(path);
+    let got = py_errno(
+        "f = open(sys.argv[1], 'wb')\nf.write(bytes.fromhex(sys.argv[2]))\nf.close()",
+        &[
+            f.to_str().unwrap(),
+            &new.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+        ],
+    );
+    assert_eq!(got, "ok", "resizing {path}");
+    assert_eq!(
+        std::fs::metadata(&f).unwrap().len(),
+        new.len() as u64,
+        "{path}"
+    );
+    assert_eq!(std::fs::read(&f).unwrap(), new, "{path}");
+    let after = segments(m, tree);
+    assert_eq!(before.len(), after.len());
+    let changed: Vec<&String> = before.keys().filter(|k| before[*k] != after[*k]).collect();
+    assert_eq!(changed.len(), 1, "{path}: segments changed: {changed:?}");
+    assert_eq!(after[changed[0]], new, "{path}: the changed segment");
+    let file_after = std::fs::metadata(&m.model).unwrap().len();
+    assert_ne!(
+        file_before, file_after,
+        "{path}: the file was not re-laid out"
+    );
+    offline_check(m);
+}
+
+#[test]
+fn size_changing_writes_to_a_delegate_blob_and_named_data_relayout_the_file() {
+    if fuse_missing() {
+        return;
+    }
+    let fx = Fixture::named("linear_xnnpack.pte");
+    let mut m = Mount::new(&fx, &[]);
+    let processed = paths_of(&fx.tree, |p| p.ends_with("/processed.bin"))[0].clone();
+    let blob = paths_of(&fx.tree, |p| {
+        p.starts_with("named_data/") && p.ends_with(".bin")
+    })[0]
+        .clone();
+
+    let mut grown = std::fs::read(m.path(&processed)).unwrap();
+    grown.extend(pattern(1000, 3));
+    resize_and_check(&m, &fx.tree, &processed, &grown);
+
+    let old_blob = std::fs::read(m.path(&blob)).unwrap();
+    let shrunk = pattern(old_blob.len() / 2 + 1, 9);
+    resize_and_check(&m, &fx.tree, &blob, &shrunk);
+
+    // A remount sees the same sizes and bytes.
+    m.remount();
+    for (p, want) in [(&processed, &grown), (&blob, &shrunk)] {
+        let f = m.path(p);
+        assert_eq!(
+            std::fs::metadata(&f).unwrap().len(),
+            want.len() as u64,
+            "{p}"
+        );
+        assert_eq!(&std::fs::read(&f).unwrap(), want, "{p}");
+    }
+    let seen: Vec<String> = walk(&m.mnt).into_iter().map(|(p, _)| p).collect();
+    let mut want = fx.tree.clone();
+    want.sort();
+    assert_eq!(seen, want, "the tree changed shape after re-layouts");
+}
+
+#[test]
+fn mount_options_pass_through_and_name_the_file() {
+    if fuse_missing() {
+        return;
+    }
+    let fx = all_fixtures().remove(0);
+    let m = Mount::new(
+        &fx,
+        &["-o", "default_permissions,allow_other", "-o", "noexec"],
+    );
+    let line = mountinfo_line(&m.mnt).expect("mounted");
+    assert!(line.contains(" - fuse.ptefs "), "{line}");
+    assert!(
+        line.contains(&format!("ptefs:{}", m.model.display())),
+        "{line}"
+    );
+    for opt in ["default_permissions", "allow_other", "noexec"] {
+        assert!(line.contains(opt), "{opt} missing: {line}");
+    }
+}
+
+/// Every error found before the mount is live gives a message and a non-zero exit.
+#[test]
+fn errors_before_the_mount_is_live_exit_non_zero_with_a_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let mnt = root.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let fx = all_fixtures().remove(0);
+    let good = root.join(&fx.name);
+    std::fs::copy(&fx.file, &good).unwrap();
+    let random = root.join("random.pte");
+    let mut bytes = pattern(4096, 77);
+    bytes[4..8].copy_from_slice(b"ZZ99");
+    std::fs::write(&random, &bytes).unwrap();
+    let not_dir = root.join("plain-file");
+    std::fs::write(&not_dir, b"x").unwrap();
+
+    let cases: Vec<(&str, Vec<PathBuf>, &str)> = vec![
+        (
+            "missing file",
+            vec![root.join("nope.pte"), mnt.clone()],
+            "nope.pte",
+        ),
+        ("bad header", vec![random.clone(), mnt.clone()], "ZZ99"),
+        (
+            "mountpoint is a file",
+            vec![good.clone(), not_dir.clone()],
+            "not a directory",
+        ),
+        (
+            "missing mountpoint",
+            vec![good.clone(), root.join("absent")],
+            "absent",
+        ),
+    ];
+    for (what, args, needle) in cases {
+        let start = Instant::now();
+        let out = run(Command::new(BIN).arg("mount").args(&args));
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "{what}: exit status 0");
+        // Without /dev/fuse, that is the message for what is checked after it.
+        let fuse = Path::new("/dev/fuse").exists();
+        assert!(
+            stderr.starts_with("ptefs:")
+                && (stderr.contains(needle) || (!fuse && stderr.contains("/dev/fuse"))),
+            "{what}: message {stderr:?} should mention {needle:?}"
+        );
+        assert!(!is_mounted(&mnt), "{what}: something got mounted");
+        assert!(start.elapsed() < Duration::from_secs(10));
+    }
+    let out = run(Command::new(BIN)
+        .args(["mount", "--data"])
+        .arg(root.join("missing.ptd"))
+        .arg(&good)
+        .arg(&mnt));
+    assert!(!out.status.success() && text(&out.stderr).contains("missing.ptd"));
+
+    let out = run(Command::new(BIN).arg("umount").arg(&mnt));
+    assert!(
+        !out.status.success(),
+        "umount of a plain directory succeeded"
+    );
+    assert!(
+        text(&out.stderr).contains("not mounted"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// SIGTERM to a foreground daemon commits what an open file staged, then unmounts.
+#[test]
+fn sigterm_in_the_foreground_commits_and_unmounts() {
+    if fuse_missing() {
+        return;
+    }
+    let fx = all_fixtures()
+        .into_iter()
+        .find(|f| {
+            f.tree
+                .iter()
+                .any(|p| p.contains("/values/") && p.ends_with(".bin"))
+        })
+        .expect("a fixture with a tensor .bin");
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let model = root.join(&fx.name);
+    std::fs::copy(&fx.file, &model).unwrap();
+    let mut data = Vec::new();
+    for d in &fx.data {
+        let to = root.join(d.file_name().unwrap());
+        std::fs::copy(d, &to).unwrap();
+        data.push(to);
+    }
+    let mnt = root.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.arg("mount").arg("--foreground").arg(&model).arg(&mnt);
+    for d in &data {
+        cmd.arg("--data").arg(d);
+    }
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !is_mounted(&mnt) {
+        assert!(
+            Instant::now() < deadline,
+            "the foreground mount did not come up"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let target = paths_of(&fx.tree, |p| p.contains("/values/") && p.ends_with(".bin"))[0].clone();
+    let f = mnt.join(&target);
+    let len = std::fs::metadata(&f).unwrap().len() as usize;
+    let offset: usize = getxattr(&f, "user.ptefs.offset").unwrap().parse().unwrap();
+    let backing = PathBuf::from(getxattr(&f, "user.ptefs.file").unwrap());
+    let new = pattern(len, 0x42);
+
+    // Write through an open descriptor, signal the daemon, and only then close.
+    let mut file = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+    file.write_all(&new).unwrap();
+    // SAFETY: signals a child this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let committed = Instant::now() + Duration::from_secs(10);
+    loop {
+        let bytes = std::fs::read(&backing).unwrap();
+        if bytes[offset..offset + len] == new[..] {
+            break;
+        }
+        assert!(
+            Instant::now() < committed,
+            "SIGTERM did not commit the staged write"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(file);
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "exit status {status}: {stderr}");
+    assert!(!is_mounted(&mnt), "still mounted after SIGTERM");
+}
