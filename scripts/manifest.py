@@ -1,0 +1,680 @@
+#!/usr/bin/env python3
+"""Write the manifest (`<file>.json`) and tree list (`<file>.tree`) of a .pte or .ptd file.
+
+The facts come from ExecuTorch's own Python readers, not from ptefs:
+
+* .pte: the extended header via `_get_extended_header`, the Program via
+  `_flatbuffer_to_program` (the parser behind `deserialize_pte_binary`), and the segment,
+  constant, mutable and delegate bytes cross-checked against `deserialize_pte_binary`.
+* .ptd: the FH01 header via `FlatTensorHeader`, the FlatTensor table via flatc
+  (`_deserialize_to_flat_tensor`), the blobs cross-checked against
+  `FlatTensorSerializer().deserialize`.
+
+For a .pte, `runtime_check` runs the method in the ExecuTorch runtime
+(`executorch.runtime.Runtime.get().load_program(pte, data_path=ptd)`) on random inputs
+(seeded from the file's sha256, or taken from `--inputs-from`) and records the first output.
+Programs whose state changes between calls (mutable buffers) get no `runtime_check`.
+
+Usage (with the ExecuTorch virtualenv's python):
+
+    manifest.py FILE.pte [--data FILE.ptd]... [--out-dir DIR] [--inputs-from OLD.json]
+    manifest.py FILE.ptd [--out-dir DIR]
+    manifest.py --check DIR     # regenerate every manifest in DIR into a temp dir and diff
+
+Output JSON is `json.dumps(obj, indent=1)` without a trailing newline; the tree list has one
+path per line, directories ending in `/`, sorted bytewise, with a final newline.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import sys
+import tempfile
+
+_ELEM_SIZE = {
+    0: 1, 1: 1, 2: 2, 3: 4, 4: 8, 5: 2, 6: 4, 7: 8, 8: 4, 9: 8, 10: 16, 11: 1, 12: 1,
+    13: 1, 14: 4, 15: 2, 16: 1, 17: 1, 18: 1, 19: 1, 20: 1, 21: 1, 22: 2, 23: 1, 24: 1,
+    25: 1, 26: 1, 27: 2, 28: 4, 29: 8,
+}
+
+_SCALAR_NAMES = None
+
+
+def scalar_type_names():
+    """ScalarType names as declared (uncommented) in the wheel's schema/scalar_type.fbs."""
+    global _SCALAR_NAMES
+    if _SCALAR_NAMES is None:
+        import executorch.exir
+
+        root = os.path.dirname(os.path.dirname(executorch.exir.__file__))
+        path = os.path.join(root, "schema", "scalar_type.fbs")
+        names = {}
+        with open(path) as f:
+            for line in f:
+                line = line.split("//", 1)[0]
+                m = re.match(r"\s*([A-Za-z0-9_]+)\s*=\s*(-?\d+)\s*,?\s*$", line)
+                if m:
+                    names[int(m.group(2))] = m.group(1)
+        _SCALAR_NAMES = names
+    return _SCALAR_NAMES
+
+
+def scalar_name(v):
+    v = int(v)
+    return scalar_type_names().get(v, v)
+
+
+def enum_name(v):
+    """An IntEnum's name, or the bare number for a value without a name."""
+    name = getattr(v, "name", None)
+    return name if name is not None else int(v)
+
+
+def sha256(b):
+    return hashlib.sha256(bytes(b)).hexdigest()
+
+
+def numel(sizes):
+    n = 1
+    for s in sizes:
+        n *= int(s)
+    return n
+
+
+def nbytes_of(scalar_type, sizes):
+    return numel(sizes) * _ELEM_SIZE.get(int(scalar_type), 1)
+
+
+def encode_name(name):
+    """File name for a key or plan name (DESIGN.md 2.6)."""
+    if name == ".":
+        return "%2E"
+    if name == "..":
+        return "%2E%2E"
+    if name == "":
+        return "%"
+    return name.replace("%", "%25").replace("/", "%2F").replace("\0", "%00")
+
+
+def dedupe(names):
+    seen = set()
+    out = []
+    for name in names:
+        cand, n = name, 1
+        while cand in seen:
+            cand = f"{name}~{n}"
+            n += 1
+        seen.add(cand)
+        out.append(cand)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# PTD
+
+
+def read_ptd(path):
+    from executorch.exir._serialize._cord import Cord
+    from executorch.extension.flat_tensor.serialize.serialize import (
+        FlatTensorHeader,
+        FlatTensorSerializer,
+        _deserialize_to_flat_tensor,
+    )
+
+    data = open(path, "rb").read()
+    if data[4:8] != b"FT01":
+        raise SystemExit(f"{path}: identifier {data[4:8]!r} is not FT01")
+    header = FlatTensorHeader.from_bytes(data[8:])
+    if not header.is_valid():
+        raise SystemExit(f"{path}: invalid FH01 header")
+    flat = _deserialize_to_flat_tensor(data[: header.flatbuffer_offset + header.flatbuffer_size])
+    payload = FlatTensorSerializer().deserialize(Cord(data))
+    base = header.segment_base_offset
+
+    segments = []
+    blobs = []
+    for seg in flat.segments:
+        b = data[base + seg.offset : base + seg.offset + seg.size]
+        blobs.append(b)
+        segments.append(
+            {
+                "offset": seg.offset,
+                "size": seg.size,
+                "file_offset": base + seg.offset,
+                "sha256": sha256(b),
+            }
+        )
+    named = []
+    for nd in flat.named_data:
+        b = blobs[nd.segment_index]
+        # Cross-check with ExecuTorch's payload view of the same key.
+        entry = payload.named_data[nd.key]
+        assert bytes(payload.buffers[entry.buffer_index]) == b, nd.key
+        item = {
+            "key": nd.key,
+            "segment_index": nd.segment_index,
+            "nbytes": len(b),
+            "sha256": sha256(b),
+        }
+        if nd.tensor_layout is not None:
+            tl = nd.tensor_layout
+            item["tensor_layout"] = {
+                "scalar_type": scalar_name(tl.scalar_type),
+                "sizes": [int(s) for s in tl.sizes],
+                "dim_order": [int(d) for d in tl.dim_order],
+            }
+        named.append(item)
+
+    manifest = {
+        "file": os.path.basename(path),
+        "kind": "ptd",
+        "size": len(data),
+        "sha256": sha256(data),
+        "header": {
+            "root_offset": int.from_bytes(data[0:4], "little"),
+            "magic": data[4:8].decode("latin-1"),
+            "extended": {
+                "magic": header.magic.decode("latin-1"),
+                "length": header.length,
+                "flatbuffer_offset": header.flatbuffer_offset,
+                "flatbuffer_size": header.flatbuffer_size,
+                "segment_base_offset": header.segment_base_offset,
+                "segment_data_size": header.segment_data_size,
+            },
+        },
+        "version": flat.version,
+        "segments": segments,
+        "named_data": named,
+    }
+    return manifest
+
+
+def ptd_tree(manifest, prefix=""):
+    paths = [prefix + "flat_tensor.json", prefix + "header.json", prefix + "named_data/"]
+    keys = dedupe([encode_name(nd["key"]) for nd in manifest["named_data"]])
+    for name, nd in zip(keys, manifest["named_data"]):
+        paths.append(f"{prefix}named_data/{name}.bin")
+        paths.append(f"{prefix}named_data/{name}.json")
+        if "tensor_layout" in nd:
+            paths.append(f"{prefix}named_data/{name}.npy")
+    paths.append(prefix + "segments/")
+    for i in range(len(manifest["segments"])):
+        paths.append(f"{prefix}segments/{i}")
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------
+# PTE
+
+
+def _value_json(index, evalue, constant_bytes, mutable_bytes):
+    from executorch.exir import schema
+
+    val = evalue.val
+    kind = type(val).__name__
+    out = {"index": index, "kind": kind}
+    if isinstance(val, schema.Tensor):
+        sizes = [int(s) for s in val.sizes]
+        nb = nbytes_of(val.scalar_type, sizes)
+        out["scalar_type"] = scalar_name(val.scalar_type)
+        out["sizes"] = sizes
+        out["dim_order"] = [int(d) for d in val.dim_order]
+        out["shape_dynamism"] = enum_name(val.shape_dynamism)
+        out["data_buffer_idx"] = val.data_buffer_idx
+        out["nbytes"] = nb
+        ai = val.allocation_info
+        out["allocation_info"] = (
+            None
+            if ai is None
+            else {
+                "memory_id": ai.memory_id,
+                "memory_offset": (ai.memory_offset_high << 32) | ai.memory_offset_low,
+            }
+        )
+        eti = val.extra_tensor_info
+        if eti is not None:
+            out["extra_tensor_info"] = {
+                "mutable_data_segments_idx": eti.mutable_data_segments_idx,
+                "fully_qualified_name": eti.fully_qualified_name,
+                "location": enum_name(eti.location),
+            }
+        external = eti is not None and int(eti.location) == int(schema.TensorDataLocation.EXTERNAL)
+        if external:
+            out["data"] = "external"
+        elif val.data_buffer_idx > 0 and ai is None:
+            out["data"] = "constant"
+            out["sha256"] = sha256(constant_bytes(val.data_buffer_idx, nb))
+        elif val.data_buffer_idx > 0:
+            out["data"] = "mutable_initial_state"
+            out["sha256"] = sha256(mutable_bytes(val.data_buffer_idx, nb))
+        else:
+            out["data"] = "none"
+    elif isinstance(val, schema.Null):
+        pass
+    elif isinstance(val, schema.Int):
+        out["value"] = val.int_val
+    elif isinstance(val, schema.Bool):
+        out["value"] = bool(val.bool_val)
+    elif isinstance(val, schema.Double):
+        out["value"] = float(val.double_val)
+    elif isinstance(val, schema.String):
+        out["value"] = val.string_val
+    elif isinstance(val, (schema.DoubleList,)):
+        out["items"] = [float(x) for x in val.items]
+    elif isinstance(val, (schema.BoolList,)):
+        out["items"] = [bool(x) for x in val.items]
+    else:  # IntList, TensorList, OptionalTensorList
+        out["items"] = [int(x) for x in val.items]
+    return out
+
+
+def _instruction_json(ins):
+    args = ins.instr_args
+    out = {"kind": type(args).__name__}
+    for field in args.__dataclass_fields__:
+        v = getattr(args, field)
+        out[field] = [int(x) for x in v] if isinstance(v, list) else int(v)
+    return out
+
+
+def read_pte(path):
+    from executorch.exir import schema
+    from executorch.exir._serialize._flatbuffer_program import _flatbuffer_to_program
+    from executorch.exir._serialize._program import (
+        _get_extended_header,
+        deserialize_pte_binary,
+    )
+
+    data = open(path, "rb").read()
+    if data[4:8] != b"ET12":
+        raise SystemExit(f"{path}: identifier {data[4:8]!r} is not ET12")
+    eh = _get_extended_header(data)
+    program_size = len(data)
+    base = 0
+    if eh is not None:
+        program_size = eh.program_size
+        base = eh.segment_base_offset
+    program = _flatbuffer_to_program(data[:program_size])
+    restored = deserialize_pte_binary(data)
+
+    seg_bytes = []
+    segments = []
+    for seg in program.segments or []:
+        b = data[base + seg.offset : base + seg.offset + seg.size]
+        seg_bytes.append(b)
+        segments.append(
+            {
+                "offset": seg.offset,
+                "size": seg.size,
+                "file_offset": base + seg.offset,
+                "sha256": sha256(b),
+            }
+        )
+
+    cs = program.constant_segment
+    const_offsets = list(cs.offsets) if cs is not None else []
+
+    def constant_bytes(idx, nb):
+        if const_offsets:
+            seg = seg_bytes[cs.segment_index]
+            b = seg[const_offsets[idx] : const_offsets[idx] + nb]
+            # ExecuTorch's restored constant buffers start with the same bytes.
+            rb = bytes(restored.program.constant_buffer[idx].storage)
+            assert rb[:nb] == b, ("constant", idx)
+        else:
+            b = bytes(program.constant_buffer[idx].storage)[:nb]
+        assert len(b) == nb, ("constant out of range", idx)
+        return b
+
+    mds = program.mutable_data_segments or []
+
+    def mutable_bytes(idx, nb):
+        m = mds[0]
+        seg = seg_bytes[m.segment_index]
+        b = seg[m.offsets[idx] : m.offsets[idx] + nb]
+        assert bytes(restored.mutable_data[idx].storage)[:nb] == b, ("mutable", idx)
+        assert len(b) == nb, ("mutable out of range", idx)
+        return b
+
+    plans = []
+    for plan in program.execution_plan:
+        values = [
+            _value_json(i, ev, constant_bytes, mutable_bytes) for i, ev in enumerate(plan.values)
+        ]
+        instructions = [_instruction_json(ins) for chain in plan.chains for ins in chain.instructions]
+        delegates = []
+        for d in plan.delegates:
+            loc = d.processed.location
+            if int(loc) == int(schema.DataLocation.INLINE):
+                blob = bytes(program.backend_delegate_data[d.processed.index].data)
+            else:
+                blob = seg_bytes[d.processed.index]
+            delegates.append(
+                {
+                    "id": d.id,
+                    "location": enum_name(loc),
+                    "index": d.processed.index,
+                    "nbytes": len(blob),
+                    "sha256": sha256(blob),
+                    "compile_specs": [
+                        {"key": c.key, "value": list(bytes(c.value))} for c in d.compile_specs
+                    ],
+                }
+            )
+        plans.append(
+            {
+                "name": plan.name,
+                "inputs": [int(x) for x in plan.inputs],
+                "outputs": [int(x) for x in plan.outputs],
+                "operators": [{"name": o.name, "overload": o.overload} for o in plan.operators],
+                "non_const_buffer_sizes": [int(x) for x in plan.non_const_buffer_sizes],
+                "values": values,
+                "instructions": instructions,
+                "delegates": delegates,
+            }
+        )
+    # Delegate blobs as ExecuTorch restores them (all inline afterwards), in the same order.
+    rblobs = [
+        bytes(restored.program.backend_delegate_data[d.processed.index].data)
+        for plan in restored.program.execution_plan
+        for d in plan.delegates
+    ]
+    assert [sha256(b) for b in rblobs] == [d["sha256"] for p in plans for d in p["delegates"]]
+
+    named = []
+    for nd in program.named_data or []:
+        b = seg_bytes[nd.segment_index]
+        named.append(
+            {"key": nd.key, "segment_index": nd.segment_index, "nbytes": len(b), "sha256": sha256(b)}
+        )
+
+    manifest = {
+        "file": os.path.basename(path),
+        "kind": "pte",
+        "size": len(data),
+        "sha256": sha256(data),
+        "header": {
+            "root_offset": int.from_bytes(data[0:4], "little"),
+            "magic": data[4:8].decode("latin-1"),
+            "extended": None
+            if eh is None
+            else {
+                "magic": eh.magic.decode("latin-1"),
+                "length": eh.length,
+                "program_size": eh.program_size,
+                "segment_base_offset": eh.segment_base_offset,
+            },
+        },
+        "version": program.version,
+        "segments": segments,
+        "constant_segment": None
+        if cs is None
+        else {"segment_index": cs.segment_index, "offsets": [int(x) for x in cs.offsets]},
+        "constant_buffer_count": len(program.constant_buffer or []),
+        "mutable_data_segments": [
+            {"segment_index": m.segment_index, "offsets": [int(x) for x in m.offsets]} for m in mds
+        ],
+        "plans": plans,
+        "named_data": named,
+        "data_files": [],
+    }
+    return manifest
+
+
+def pte_tree(manifest, ptd_manifests):
+    """Every path of a mount of the .pte with the given .ptd manifests attached."""
+    paths = []
+    ptd_keys = set()
+    if ptd_manifests:
+        paths.append("data/")
+        stems = dedupe([encode_name(os.path.splitext(m["file"])[0]) for m in ptd_manifests])
+        for stem, m in zip(stems, ptd_manifests):
+            paths.append(f"data/{stem}/")
+            paths.extend(ptd_tree(m, prefix=f"data/{stem}/"))
+            ptd_keys.update(nd["key"] for nd in m["named_data"])
+    paths += ["header.json", "program.json", "named_data/"]
+    keys = dedupe([encode_name(nd["key"]) for nd in manifest["named_data"]])
+    for name in keys:
+        paths.append(f"named_data/{name}.bin")
+        paths.append(f"named_data/{name}.json")
+    paths.append("plans/")
+    plan_names = dedupe([encode_name(p["name"]) for p in manifest["plans"]])
+    for name, plan in zip(plan_names, manifest["plans"]):
+        d = f"plans/{name}/"
+        paths += [d, d + "plan.json", d + "operators.txt", d + "instructions.txt", d + "values/"]
+        for v in plan["values"]:
+            paths.append(f"{d}values/{v['index']}.json")
+            if v["kind"] != "Tensor":
+                continue
+            has_bytes = v["data"] in ("constant", "mutable_initial_state") or (
+                v["data"] == "external"
+                and (v.get("extra_tensor_info") or {}).get("fully_qualified_name") in ptd_keys
+            )
+            if has_bytes:
+                paths.append(f"{d}values/{v['index']}.bin")
+                paths.append(f"{d}values/{v['index']}.npy")
+        paths.append(d + "delegates/")
+        for j in range(len(plan["delegates"])):
+            paths += [f"{d}delegates/{j}/", f"{d}delegates/{j}/delegate.json", f"{d}delegates/{j}/processed.bin"]
+    paths.append("segments/")
+    for i in range(len(manifest["segments"])):
+        paths.append(f"segments/{i}")
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------
+# Runtime check
+
+_TORCH_DTYPES = {
+    0: "uint8", 1: "int8", 2: "int16", 3: "int32", 4: "int64", 5: "float16", 6: "float32",
+    7: "float64", 11: "bool", 15: "bfloat16",
+}
+_SCALAR_BY_NAME = {
+    "BYTE": 0, "CHAR": 1, "SHORT": 2, "INT": 3, "LONG": 4, "HALF": 5, "FLOAT": 6,
+    "DOUBLE": 7, "BOOL": 11, "BFLOAT16": 15,
+}
+
+
+def inputs_to_tensors(inputs):
+    import torch
+
+    out = []
+    for i in inputs:
+        dtype = getattr(torch, i["dtype"].split(".", 1)[1])
+        t = torch.tensor(i["values"], dtype=dtype).reshape(i["shape"])
+        if i["channels_last"]:
+            t = t.contiguous(memory_format=torch.channels_last)
+        out.append(t)
+    return out
+
+
+def tensor_values(t):
+    import torch
+
+    t = t.contiguous()
+    if t.is_floating_point():
+        return [float(x) for x in t.to(torch.float64).reshape(-1).tolist()]
+    if t.dtype == torch.bool:
+        return [bool(x) for x in t.reshape(-1).tolist()]
+    return [int(x) for x in t.reshape(-1).tolist()]
+
+
+def random_inputs(plan, seed):
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    inputs = []
+    for idx in plan["inputs"]:
+        v = plan["values"][idx]
+        if v["kind"] != "Tensor":
+            return None
+        st = v["scalar_type"] if isinstance(v["scalar_type"], int) else _SCALAR_BY_NAME.get(v["scalar_type"])
+        if st not in _TORCH_DTYPES:
+            return None
+        dtype = getattr(torch, _TORCH_DTYPES[st])
+        sizes = v["sizes"]
+        if dtype.is_floating_point:
+            t = torch.randn(sizes, generator=gen, dtype=torch.float32).to(dtype)
+        elif dtype == torch.bool:
+            t = torch.randint(0, 2, sizes, generator=gen).bool()
+        else:
+            t = torch.randint(-8, 8, sizes, generator=gen).to(dtype)
+        channels_last = len(sizes) == 4 and v["dim_order"] == [0, 2, 3, 1]
+        inputs.append(
+            {
+                "dtype": str(dtype),
+                "shape": list(sizes),
+                "channels_last": channels_last,
+                "values": tensor_values(t),
+            }
+        )
+    return inputs
+
+
+def run_method(pte, ptd, method, inputs):
+    from executorch.runtime import Runtime
+
+    program = Runtime.get().load_program(pte, data_path=ptd)
+    m = program.load_method(method)
+    if m is None:
+        raise RuntimeError(f"method {method} not found")
+    return m.execute(inputs_to_tensors(inputs))
+
+
+def runtime_check(path, manifest, ptd_paths, inputs_from=None):
+    plans = manifest["plans"]
+    if manifest["mutable_data_segments"] or not plans:
+        return None
+    names = [p["name"] for p in plans]
+    method = "forward" if "forward" in names else names[0]
+    if inputs_from is not None:
+        method = inputs_from["method"]
+        inputs = inputs_from["inputs"]
+    else:
+        plan = plans[names.index(method)]
+        if any(o["name"] == "aten::copy_" for o in plan["operators"]):
+            return None
+        inputs = random_inputs(plan, int(manifest["sha256"][:8], 16))
+        if inputs is None:
+            return None
+    if len(ptd_paths) > 1:
+        return None
+    outputs = run_method(path, ptd_paths[0] if ptd_paths else None, method, inputs)
+    out = outputs[0]
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        expected = {"shape": list(out.shape), "values": tensor_values(out)}
+    else:
+        expected = {"shape": [], "values": [out]}
+    return {"method": method, "inputs": inputs, "expected": expected}
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def write(path, manifest, tree, out_dir):
+    out_dir = out_dir or os.path.dirname(os.path.abspath(path))
+    base = os.path.join(out_dir, os.path.basename(path))
+    with open(base + ".json", "w") as f:
+        f.write(json.dumps(manifest, indent=1))
+    with open(base + ".tree", "w") as f:
+        f.write("".join(p + "\n" for p in sorted(tree)))
+    return base
+
+
+def kind_of(path):
+    with open(path, "rb") as f:
+        head = f.read(8)
+    return {b"ET12": "pte", b"FT01": "ptd"}.get(head[4:8])
+
+
+def make(path, data=(), out_dir=None, inputs_from=None, runtime=True):
+    kind = kind_of(path)
+    if kind == "ptd":
+        m = read_ptd(path)
+        return write(path, m, ptd_tree(m), out_dir)
+    if kind != "pte":
+        raise SystemExit(f"{path}: neither a .pte nor a .ptd")
+    m = read_pte(path)
+    ptds = [read_ptd(p) for p in data]
+    m["data_files"] = [os.path.basename(p) for p in data]
+    if runtime:
+        rc = runtime_check(path, m, list(data), inputs_from)
+        if rc is not None:
+            m["runtime_check"] = rc
+    return write(path, m, pte_tree(m, ptds), out_dir)
+
+
+def check_dir(d):
+    """Regenerate the manifests in d (reusing their runtime inputs) and compare."""
+    import subprocess
+
+    failures = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in sorted(os.listdir(d)):
+            if not name.endswith((".pte", ".ptd")):
+                continue
+            path = os.path.join(d, name)
+            old_path = path + ".json"
+            if not os.path.exists(old_path):
+                continue
+            old = json.load(open(old_path))
+            data = [os.path.join(d, f) for f in old.get("data_files", [])]
+            make(path, data, tmp, old.get("runtime_check"))
+            new = json.load(open(os.path.join(tmp, name + ".json")))
+            problems = []
+            # Expected values: the runtime must reproduce them (allclose, XNNPACK may differ in
+            # the last bit), the rest must be identical.
+            orc, nrc = old.get("runtime_check"), new.get("runtime_check")
+            if orc is not None and nrc is not None:
+                import torch
+
+                a = torch.tensor(orc["expected"]["values"], dtype=torch.float64)
+                b = torch.tensor(nrc["expected"]["values"], dtype=torch.float64)
+                if orc["expected"]["shape"] != nrc["expected"]["shape"] or not torch.allclose(
+                    a, b, rtol=1e-5, atol=1e-5
+                ):
+                    problems.append("runtime_check.expected differs")
+                nrc["expected"] = orc["expected"]
+            if old != new:
+                problems.append("manifest differs")
+                for k in old:
+                    if old.get(k) != new.get(k):
+                        problems.append(f"  key {k}")
+            old_tree = open(path + ".tree").read()
+            new_tree = open(os.path.join(tmp, name + ".tree")).read()
+            if old_tree != new_tree:
+                problems.append("tree differs")
+                subprocess.run(["diff", path + ".tree", os.path.join(tmp, name + ".tree")])
+            print(("ok   " if not problems else "FAIL ") + name)
+            for p in problems:
+                print("     " + p)
+            failures += bool(problems)
+    return failures
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("file", nargs="?")
+    ap.add_argument("--data", action="append", default=[], help=".ptd file belonging to the .pte")
+    ap.add_argument("--out-dir", help="write <file>.json/.tree here instead of beside the file")
+    ap.add_argument("--inputs-from", help="reuse runtime_check inputs of this manifest")
+    ap.add_argument("--no-runtime", action="store_true", help="skip runtime_check")
+    ap.add_argument("--check", metavar="DIR", help="regenerate DIR's manifests and compare")
+    args = ap.parse_args()
+    if args.check:
+        sys.exit(1 if check_dir(args.check) else 0)
+    if not args.file:
+        ap.error("FILE is required")
+    inputs_from = None
+    if args.inputs_from:
+        inputs_from = json.load(open(args.inputs_from)).get("runtime_check")
+    base = make(args.file, args.data, args.out_dir, inputs_from, not args.no_runtime)
+    print(base + ".json")
+
+
+if __name__ == "__main__":
+    main()
