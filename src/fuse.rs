@@ -16,7 +16,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, SyncSender};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -27,7 +27,7 @@ use fuser::{
     ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use crate::fs::{self, Attr, FileType, Fs, FsError, FsResult, Invalidate};
+use crate::fs::{self, Attr, FileType, Fs, FsError, FsResult, Invalidate, SetAttr};
 use crate::tree::{Content, Ino};
 
 /// How long the kernel may cache entries and attributes. The daemon is the only writer and
@@ -151,26 +151,6 @@ pub struct FuseFs {
     /// Directory listings, taken once per `opendir` and served from there.
     dirs: Mutex<HashMap<u64, Listing>>,
     next_dir: AtomicU64,
-    /// A scratch file renamed onto a tree file: the kernel still knows the name by the
-    /// scratch inode, which now stands for the tree file.
-    renamed: RwLock<HashMap<Ino, Ino>>,
-    /// Per open file: see `Handle`.
-    handles: Mutex<HashMap<u64, Handle>>,
-}
-
-/// What an open file did since its last commit.
-///
-/// `flush` comes for every close(2) of a descriptor, also of duplicates: a shell's
-/// `> file` closes one before the command writes anything, and NumPy's `tofile` writes
-/// through a `dup` and closes it before the real close. So only a flush after writes
-/// commits (the rest is left to `release`, the last close, which commits whatever is still
-/// staged), and a refused commit sticks to the file: every later write, flush and fsync of
-/// it fails with the same error, so the real close reports it and no later write can
-/// combine with bytes the refusal left behind.
-#[derive(Debug, Default, Clone, Copy)]
-struct Handle {
-    written: bool,
-    failed: Option<Errno>,
 }
 
 fn errno(e: &FsError) -> Errno {
@@ -238,29 +218,19 @@ impl FuseFs {
             notices,
             dirs: Mutex::new(HashMap::new()),
             next_dir: AtomicU64::new(1),
-            renamed: RwLock::new(HashMap::new()),
-            handles: Mutex::new(HashMap::new()),
         }
     }
 
     /// The core's inode for a kernel inode number.
     fn ino(&self, ino: INodeNo) -> Ino {
-        let ino = ino.0;
-        if fs::is_scratch(ino) {
-            if let Some(&target) = self
-                .renamed
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&ino)
-            {
-                return target;
-            }
-        }
-        ino
+        self.fs.resolve(ino.0)
     }
 
     /// Drops the kernel's cache of what a commit changed, before the reply.
     fn invalidate(&self, inval: Invalidate) {
+        for (parent, name) in inval.entries {
+            self.notices.entry(parent, name.into());
+        }
         self.notices.inodes(inval.inodes, true);
     }
 
@@ -273,47 +243,14 @@ impl FuseFs {
                 self.invalidate(inval);
                 Ok(())
             }
-            Err(e) => {
-                log::warn!("{op}: {}", e.message);
-                self.invalidate(Invalidate { inodes: vec![ino] });
-                Err(errno(&e))
-            }
+            Err(e) => Err(self.failed(op, ino, e)),
         }
     }
 
-    fn handle(&self, fh: u64, update: impl FnOnce(&mut Handle)) -> Handle {
-        let mut handles = self.handles.lock().unwrap_or_else(|e| e.into_inner());
-        let h = handles.entry(fh).or_default();
-        update(h);
-        *h
-    }
-
-    /// A commit through handle `fh` (flush or fsync); `always` also commits when the
-    /// handle wrote nothing itself.
-    fn commit_through(
-        &self,
-        op: &str,
-        ino: Ino,
-        fh: u64,
-        always: bool,
-        commit: impl FnOnce() -> FsResult<Invalidate>,
-    ) -> Result<(), Errno> {
-        let mut before = Handle::default();
-        self.handle(fh, |h| {
-            before = *h;
-            h.written = false;
-        });
-        if let Some(e) = before.failed {
-            return Err(e);
-        }
-        if !before.written && !always {
-            return Ok(());
-        }
-        let r = self.committed(op, ino, commit());
-        if let Err(e) = r {
-            self.handle(fh, |h| h.failed = Some(e));
-        }
-        r
+    fn failed(&self, op: &str, ino: Ino, e: FsError) -> Errno {
+        log::warn!("{op}: {}", e.message);
+        self.notices.inodes(vec![ino], true);
+        errno(&e)
     }
 
     fn refuse(&self, what: &str) -> Errno {
@@ -435,40 +372,20 @@ impl fuser::Filesystem for FuseFs {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let change = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            fh: fh.map(|f| f.0),
+        };
         let ino = self.ino(ino);
-        let current = match self.fs.getattr(ino) {
-            Ok(a) => a,
-            Err(e) => return reply.error(errno(&e)),
-        };
-        // Owner and mode are those of the model file; scratch files accept anything
-        // (editors copy modes onto their new file) and keep showing 0644. Times are
-        // ignored, so `touch` and `cp -p` work.
-        if !fs::is_scratch(ino) {
-            let changes_mode = mode.is_some_and(|m| (m & 0o7777) as u16 != current.perm);
-            let changes_owner =
-                uid.is_some_and(|u| u != current.uid) || gid.is_some_and(|g| g != current.gid);
-            if changes_mode || changes_owner {
-                return reply.error(self.refuse("chmod/chown"));
-            }
-        }
-        let Some(size) = size else {
-            return reply.attr(&TTL, &to_fuser(&current));
-        };
-        if let Some(fh) = fh {
-            if let Some(e) = self.handle(fh.0, |h| h.written = true).failed {
-                return reply.error(e);
-            }
-        }
-        match self.fs.set_size(ino, size) {
+        match self.fs.setattr(ino, change) {
             Ok((a, inval)) => {
                 self.invalidate(inval);
                 reply.attr(&TTL, &to_fuser(&a));
             }
-            Err(e) => {
-                log::warn!("truncate to {size}: {}", e.message);
-                self.invalidate(Invalidate { inodes: vec![ino] });
-                reply.error(errno(&e));
-            }
+            Err(e) => reply.error(self.failed("setattr", ino, e)),
         }
     }
 
@@ -541,24 +458,12 @@ impl fuser::Filesystem for FuseFs {
         if flags.contains(RenameFlags::RENAME_EXCHANGE) {
             return reply.error(self.refuse("rename with RENAME_EXCHANGE"));
         }
-        let source = self.fs.lookup(parent, name).map(|a| a.ino);
         let target = self.fs.lookup(newparent, newname_str).map(|a| a.ino);
         if flags.contains(RenameFlags::RENAME_NOREPLACE) && target.is_ok() {
             return reply.error(Errno::EEXIST);
         }
         let r = self.fs.rename(parent, name, newparent, newname_str);
-        let error_ino = target.as_ref().copied().unwrap_or(parent);
-        if let (Ok(src), Ok(dst)) = (source, target) {
-            if r.is_ok() && fs::is_scratch(src) && !fs::is_scratch(dst) {
-                self.renamed
-                    .write()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(src, dst);
-                // New lookups of the name find the tree file's own inode again.
-                self.notices.entry(newparent, newname.to_os_string());
-            }
-        }
-        match self.committed("rename", error_ino, r) {
+        match self.committed("rename", target.unwrap_or(parent), r) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
@@ -637,9 +542,6 @@ impl fuser::Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        if let Some(e) = self.handle(fh.0, |h| h.written = true).failed {
-            return reply.error(e);
-        }
         match self.fs.write(fh.0, offset, data) {
             Ok(n) => reply.written(n),
             Err(e) => {
@@ -658,7 +560,7 @@ impl fuser::Filesystem for FuseFs {
         reply: ReplyEmpty,
     ) {
         let ino = self.ino(ino);
-        match self.commit_through("close", ino, fh.0, false, || self.fs.flush(fh.0)) {
+        match self.committed("close", ino, self.fs.flush(fh.0)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
@@ -674,10 +576,6 @@ impl fuser::Filesystem for FuseFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.handles
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&fh.0);
         match self.committed("release", self.ino(ino), self.fs.release(fh.0)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
@@ -693,7 +591,7 @@ impl fuser::Filesystem for FuseFs {
         reply: ReplyEmpty,
     ) {
         let ino = self.ino(ino);
-        match self.commit_through("fsync", ino, fh.0, true, || self.fs.fsync(fh.0)) {
+        match self.committed("fsync", ino, self.fs.fsync(fh.0)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }

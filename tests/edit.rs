@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ptefs::fs::{Fs, Options};
+use ptefs::fs::{Fs, Options, SetAttr};
 use ptefs::tree::{Content, Model, Tree, WriteTarget};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
@@ -83,6 +83,15 @@ fn replace(fs: &Fs, path: &str, data: &[u8]) -> Result<(), ptefs::fs::FsError> {
     let flushed = fs.flush(fh);
     fs.release(fh)?;
     flushed.map(|_| ())
+}
+
+/// `truncate(2)` by path.
+fn truncate(fs: &Fs, ino: u64, size: u64) -> Result<(), ptefs::fs::FsError> {
+    let change = SetAttr {
+        size: Some(size),
+        ..SetAttr::default()
+    };
+    fs.setattr(ino, change).map(|_| ())
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -249,7 +258,7 @@ fn partial_writes_and_truncate_stage_until_close() {
     want[off] = 9;
     assert_eq!(std::fs::read(&c.model).unwrap(), want);
     // truncate to 0 then back to size by path: all zeros.
-    let e = fs.set_size(ino, 0).unwrap_err();
+    let e = truncate(&fs, ino, 0).unwrap_err();
     assert_eq!(e.errno, libc::EINVAL);
     assert_eq!(std::fs::read(&c.model).unwrap(), want);
 }
@@ -281,6 +290,10 @@ fn editor_save_through_scratch_file_commits_on_rename() {
     assert_ne!(before, after);
     let ino = fs.tree().resolve("plans/forward/values/0.bin").unwrap();
     assert_eq!(read_all(&fs, ino), new);
+    // Whoever still holds the scratch inode (the kernel, for the new name) holds the file.
+    assert_eq!(fs.resolve(attr.ino), ino);
+    assert_eq!(fs.getattr(attr.ino).unwrap().size, 48);
+    assert_eq!(fs.read(attr.ino, 0, 48).unwrap().bytes(), &new[..]);
     // Scratch files can be deleted and never reach the model.
     let (_, fh) = fs.create(values, "junk", libc::O_WRONLY).unwrap();
     fs.write(fh, 0, b"junk").unwrap();
@@ -508,7 +521,7 @@ fn random_edit_sequences_match_reference_model() {
                         rng.below(old.len() as u64 * 2 + 3)
                     };
                     proposed.resize(size as usize, 0);
-                    fs.set_size(ino, size).map(|_| ())
+                    truncate(&fs, ino, size).map(|_| ())
                 }
                 3 => {
                     let len = if rng.below(3) == 0 {
@@ -594,4 +607,88 @@ fn random_edit_sequences_match_reference_model() {
         }
         assert!(ptefs::check::defects(&fs.tree().model).is_empty());
     }
+}
+
+#[test]
+fn a_refused_commit_sticks_to_its_handle() {
+    let c = copy_fixture("linear.pte");
+    let fs = open(&c, false);
+    let before = std::fs::read(&c.model).unwrap();
+    let ino = fs.tree().resolve("plans/forward/values/0.bin").unwrap();
+    let fh = fs.open(ino, libc::O_WRONLY | libc::O_TRUNC).unwrap();
+    fs.write(fh, 0, &pattern(40, 1)).unwrap();
+    let refused = fs.flush(fh).unwrap_err();
+    assert_eq!(refused.errno, libc::EINVAL);
+    assert!(refused.message.contains("48"), "{}", refused.message);
+    // The refusal discarded the staged bytes: a later write through the same handle must not
+    // land on the old file's bytes and commit a mix.
+    assert_eq!(fs.write(fh, 40, &pattern(8, 2)).unwrap_err(), refused);
+    assert_eq!(fs.flush(fh).unwrap_err(), refused);
+    assert_eq!(fs.fsync(fh).unwrap_err(), refused);
+    fs.release(fh).unwrap();
+    assert_eq!(std::fs::read(&c.model).unwrap(), before);
+    // A new handle starts afresh.
+    replace(&fs, "plans/forward/values/0.bin", &pattern(48, 3)).unwrap();
+    assert_eq!(read_all(&fs, ino), pattern(48, 3));
+}
+
+#[test]
+fn flush_commits_only_what_its_handle_wrote() {
+    let c = copy_fixture("linear.pte");
+    let fs = open(&c, false);
+    let before = std::fs::read(&c.model).unwrap();
+    let ino = fs.tree().resolve("plans/forward/values/0.bin").unwrap();
+    // A shell's `cmd > file`: open with O_TRUNC, close a duplicate before anything is
+    // written, then write through the other descriptor.
+    let fh = fs.open(ino, libc::O_WRONLY | libc::O_TRUNC).unwrap();
+    fs.flush(fh).unwrap();
+    assert_eq!(std::fs::read(&c.model).unwrap(), before);
+    fs.write(fh, 0, &pattern(48, 4)).unwrap();
+    fs.flush(fh).unwrap();
+    assert_ne!(std::fs::read(&c.model).unwrap(), before);
+    fs.release(fh).unwrap();
+    assert_eq!(read_all(&fs, ino), pattern(48, 4));
+    // fsync commits what another handle staged.
+    let writer = fs.open(ino, libc::O_RDWR).unwrap();
+    let syncer = fs.open(ino, libc::O_RDWR).unwrap();
+    fs.write(writer, 0, &[7]).unwrap();
+    fs.flush(syncer).unwrap();
+    assert_eq!(
+        read_all(&fs, ino)[0],
+        7,
+        "staged bytes are visible to readers"
+    );
+    let on_disk = std::fs::read(&c.model).unwrap();
+    fs.fsync(syncer).unwrap();
+    assert_ne!(std::fs::read(&c.model).unwrap(), on_disk);
+    fs.release(writer).unwrap();
+    fs.release(syncer).unwrap();
+}
+
+#[test]
+fn mode_and_owner_cannot_change() {
+    let c = copy_fixture("linear.pte");
+    let fs = open(&c, false);
+    let ino = fs.tree().resolve("plans/forward/values/0.bin").unwrap();
+    let a = fs.getattr(ino).unwrap();
+    let chmod = |mode| SetAttr {
+        mode: Some(mode),
+        ..SetAttr::default()
+    };
+    // Setting what is already there is fine (cp -p, rsync).
+    fs.setattr(ino, chmod(u32::from(a.perm))).unwrap();
+    assert_eq!(
+        fs.setattr(ino, chmod(0o600)).unwrap_err().errno,
+        libc::EPERM
+    );
+    let chown = SetAttr {
+        uid: Some(a.uid + 1),
+        ..SetAttr::default()
+    };
+    assert_eq!(fs.setattr(ino, chown).unwrap_err().errno, libc::EPERM);
+    let ro = open(&c, true);
+    assert_eq!(
+        ro.setattr(ino, chmod(0o600)).unwrap_err().errno,
+        libc::EROFS
+    );
 }

@@ -12,7 +12,7 @@ mod write;
 
 pub use attr::{Attr, FileType};
 pub use read::ReadData;
-pub use write::{is_scratch, Invalidate, SCRATCH_BASE};
+pub use write::{is_scratch, Invalidate, SetAttr, SCRATCH_BASE};
 
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
@@ -158,7 +158,7 @@ impl Fs {
     }
 
     pub fn getattr(&self, ino: Ino) -> FsResult<Attr> {
-        self.attr_in(&self.tree(), ino)
+        self.attr_in(&self.tree(), self.resolve(ino))
     }
 
     /// Directory entries with their attributes, `.` and `..` first.
@@ -191,6 +191,7 @@ impl Fs {
 
     /// A read as an owned value (offline commands, tests). The mount uses `read_with`.
     pub fn read(&self, ino: Ino, offset: u64, size: u32) -> FsResult<ReadData> {
+        let ino = self.resolve(ino);
         let tree = self.tree();
         if let Some(staged) = self.staged_read(&tree, ino, offset, size) {
             return Ok(staged);
@@ -211,28 +212,31 @@ impl Fs {
         Ok(reply(data.bytes()))
     }
 
-    pub fn listxattr(&self, ino: Ino) -> FsResult<Vec<String>> {
+    /// The `user.ptefs.*` attributes of a node; scratch files have none.
+    fn xattrs(&self, ino: Ino) -> FsResult<Vec<(String, String)>> {
+        let ino = self.resolve(ino);
+        if is_scratch(ino) {
+            return self.getattr(ino).map(|_| Vec::new());
+        }
         let tree = self.tree();
         if tree.node(ino).is_none() {
             return Err(FsError::not_found(format!("inode {ino}")));
         }
-        Ok(tree.xattrs(ino).into_iter().map(|(k, _)| k).collect())
+        Ok(tree.xattrs(ino))
+    }
+
+    pub fn listxattr(&self, ino: Ino) -> FsResult<Vec<String>> {
+        Ok(self.xattrs(ino)?.into_iter().map(|(k, _)| k).collect())
     }
 
     pub fn getxattr(&self, ino: Ino, name: &str) -> FsResult<Vec<u8>> {
-        let tree = self.tree();
-        if tree.node(ino).is_none() {
-            return Err(FsError::not_found(format!("inode {ino}")));
-        }
-        tree.xattrs(ino)
+        self.xattrs(ino)?
             .into_iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.into_bytes())
             .ok_or_else(|| {
-                FsError::new(
-                    libc::ENODATA,
-                    format!("{}: no attribute {name}", tree.path(ino)),
-                )
+                let path = self.tree().path(self.resolve(ino));
+                FsError::new(libc::ENODATA, format!("{path}: no attribute {name}"))
             })
     }
 }

@@ -4,12 +4,21 @@
 //! fsync, release, truncate-by-path and rename); until then staged bytes live in memory. A
 //! file has one staging area shared by all its open handles, so writers in turn see each
 //! other's bytes. Scratch files never reach the model file except by being renamed onto a
-//! writable file, which commits their bytes as that file's new content. A rejected commit
-//! discards the staged bytes and changes nothing on disk.
+//! writable file, which commits their bytes as that file's new content; from then on the
+//! scratch inode stands for that file (`resolve`), since the kernel knows the name by it. A
+//! rejected commit discards the staged bytes and changes nothing on disk.
+//!
+//! Commit points: `flush` comes for every close(2) of a descriptor, duplicates included (a
+//! shell's `> file` closes one before the command writes anything; NumPy's `tofile` writes
+//! through a `dup` and closes it before the real close), so a flush commits only what its
+//! handle wrote or truncated since the last commit, and `release` (the last close) commits
+//! whatever is still staged. A refused commit sticks to its handle: every later write,
+//! truncate, flush and fsync through it fails with the same error, so the final close reports
+//! it and no later write combines with bytes the refusal discarded.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use super::{Attr, FileType, Fs, FsError, FsResult, ReadData};
 use crate::edit::{self, Outcome};
@@ -18,15 +27,32 @@ use crate::tree::{Content, Ino, Tree};
 /// Scratch files get inode numbers far above any tree node.
 pub const SCRATCH_BASE: Ino = 1 << 48;
 
-/// Inodes whose cached pages and attributes the kernel must drop after a commit.
+/// What `Fs::setattr` may change.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    /// The handle of an `ftruncate`.
+    pub fh: Option<u64>,
+}
+
+/// What the kernel must drop after a commit: cached pages and attributes of inodes, and
+/// cached names.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Invalidate {
     pub inodes: Vec<Ino>,
+    /// Names (parent, name) the kernel must look up again: a name whose inode changed.
+    pub entries: Vec<(Ino, String)>,
 }
 
 impl Invalidate {
-    fn extend(&mut self, other: Invalidate) {
-        self.inodes.extend(other.inodes);
+    fn inodes(inodes: Vec<Ino>) -> Invalidate {
+        Invalidate {
+            inodes,
+            entries: Vec::new(),
+        }
     }
 }
 
@@ -45,10 +71,14 @@ struct Scratch {
     data: Vec<u8>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Handle {
     ino: Ino,
     writable: bool,
+    /// Wrote or truncated since its last commit.
+    wrote: bool,
+    /// The refusal of a commit through this handle; see the module comment.
+    failed: Option<FsError>,
 }
 
 #[derive(Default)]
@@ -58,6 +88,8 @@ pub(super) struct WriteState {
     staged: Mutex<HashMap<Ino, Staged>>,
     scratch: Mutex<HashMap<Ino, Scratch>>,
     next_scratch: AtomicU64,
+    /// Scratch inodes renamed onto a tree file, and that file.
+    renamed: RwLock<HashMap<Ino, Ino>>,
     /// One commit at a time.
     commit_lock: Mutex<()>,
 }
@@ -145,7 +177,7 @@ fn invalidations(old: &Tree, outcome: &Outcome) -> Invalidate {
             }
         }
     };
-    Invalidate { inodes }
+    Invalidate::inodes(inodes)
 }
 
 impl Fs {
@@ -162,6 +194,7 @@ impl Fs {
 
     /// Opens a file; a write open of a writable file starts (or joins) its staging.
     pub fn open(&self, ino: Ino, flags: i32) -> FsResult<u64> {
+        let ino = self.resolve(ino);
         let writable = wants_write(flags);
         if is_scratch(ino) {
             let mut scratch = lock(&self.writes.scratch);
@@ -196,15 +229,49 @@ impl Fs {
             }
         }
         let fh = self.writes.next_fh.fetch_add(1, Ordering::Relaxed) + 1;
-        lock(&self.writes.handles).insert(fh, Handle { ino, writable });
+        lock(&self.writes.handles).insert(
+            fh,
+            Handle {
+                ino,
+                writable,
+                wrote: false,
+                failed: None,
+            },
+        );
         Ok(fh)
     }
 
-    fn handle(&self, fh: u64) -> FsResult<Handle> {
-        lock(&self.writes.handles)
-            .get(&fh)
-            .copied()
-            .ok_or_else(|| FsError::new(libc::EBADF, format!("unknown file handle {fh}")))
+    /// The tree file a scratch inode was renamed onto, else `ino` itself.
+    pub fn resolve(&self, ino: Ino) -> Ino {
+        if !is_scratch(ino) {
+            return ino;
+        }
+        let renamed = self
+            .writes
+            .renamed
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        renamed.get(&ino).copied().unwrap_or(ino)
+    }
+
+    /// Applies `update` to handle `fh` and returns what it was before.
+    fn update_handle(&self, fh: u64, update: impl FnOnce(&mut Handle)) -> FsResult<Handle> {
+        let mut handles = lock(&self.writes.handles);
+        let h = handles
+            .get_mut(&fh)
+            .ok_or_else(|| FsError::new(libc::EBADF, format!("unknown file handle {fh}")))?;
+        let before = h.clone();
+        update(h);
+        Ok(before)
+    }
+
+    /// Marks handle `fh` as having written, unless a refused commit stuck to it.
+    fn start_write(&self, fh: u64) -> FsResult<Handle> {
+        let before = self.update_handle(fh, |h| h.wrote = h.failed.is_none())?;
+        match before.failed {
+            Some(e) => Err(e),
+            None => Ok(before),
+        }
     }
 
     /// Creates an editor's scratch file in a writable directory.
@@ -324,7 +391,7 @@ impl Fs {
     }
 
     pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
-        let h = self.handle(fh)?;
+        let h = self.start_write(fh)?;
         if !h.writable {
             return Err(FsError::new(
                 libc::EBADF,
@@ -350,8 +417,43 @@ impl Fs {
         Ok(data.len() as u32)
     }
 
-    /// `truncate`/`ftruncate`: resizes the staged bytes; without an open writer, commits at once.
-    pub fn set_size(&self, ino: Ino, size: u64) -> FsResult<(Attr, Invalidate)> {
+    /// `chmod`, `chown`, `truncate`, `utimes` and the like. The owner and mode are those of
+    /// the model file and cannot change; scratch files accept any (editors copy modes onto
+    /// their new file) and keep 0644. Times are ignored, so `touch` and `cp -p` work.
+    pub fn setattr(&self, ino: Ino, change: SetAttr) -> FsResult<(Attr, Invalidate)> {
+        let ino = self.resolve(ino);
+        let current = self.getattr(ino)?;
+        if !is_scratch(ino) {
+            let changes_mode = change
+                .mode
+                .is_some_and(|m| (m & 0o7777) as u16 != current.perm);
+            let changes_owner = change.uid.is_some_and(|u| u != current.uid)
+                || change.gid.is_some_and(|g| g != current.gid);
+            if changes_mode || changes_owner {
+                return Err(if self.options.read_only {
+                    FsError::new(libc::EROFS, "the mount is read-only")
+                } else {
+                    FsError::new(
+                        libc::EPERM,
+                        format!(
+                            "{}: mode and owner are those of the model file",
+                            self.tree().path(ino)
+                        ),
+                    )
+                });
+            }
+        }
+        let Some(size) = change.size else {
+            return Ok((current, Invalidate::default()));
+        };
+        if let Some(fh) = change.fh {
+            self.start_write(fh)?;
+        }
+        self.set_size(ino, size)
+    }
+
+    /// Resizes the staged bytes; without an open writer, commits at once.
+    fn set_size(&self, ino: Ino, size: u64) -> FsResult<(Attr, Invalidate)> {
         if is_scratch(ino) {
             let mut scratch = lock(&self.writes.scratch);
             let s = scratch
@@ -448,17 +550,29 @@ impl Fs {
         Ok(inval)
     }
 
-    /// `close()`: commits what this file's writers staged.
+    /// `close()`: commits the file's staged bytes if this handle changed them.
     pub fn flush(&self, fh: u64) -> FsResult<Invalidate> {
-        let h = self.handle(fh)?;
-        if !h.writable || is_scratch(h.ino) {
-            return Ok(Invalidate::default());
-        }
-        self.commit_staged(h.ino)
+        self.commit_through(fh, false)
     }
 
+    /// `fsync()`: commits the file's staged bytes, whoever changed them.
     pub fn fsync(&self, fh: u64) -> FsResult<Invalidate> {
-        self.flush(fh)
+        self.commit_through(fh, true)
+    }
+
+    fn commit_through(&self, fh: u64, always: bool) -> FsResult<Invalidate> {
+        let h = self.update_handle(fh, |h| h.wrote = false)?;
+        if let Some(e) = h.failed {
+            return Err(e);
+        }
+        if !h.writable || is_scratch(h.ino) || !(h.wrote || always) {
+            return Ok(Invalidate::default());
+        }
+        let result = self.commit_staged(h.ino);
+        if let Err(e) = &result {
+            let _ = self.update_handle(fh, |h| h.failed = Some(e.clone()));
+        }
+        result
     }
 
     /// Last close of a handle: commits anything still staged, then forgets the handle.
@@ -526,7 +640,15 @@ impl Fs {
             let _one_at_a_time = lock(&self.writes.commit_lock);
             let mut inval = self.commit_bytes(dst, &data)?;
             lock(&self.writes.scratch).remove(&src);
-            inval.extend(Invalidate { inodes: vec![src] });
+            // Whoever holds the scratch inode (the kernel, for the new name) now holds the
+            // file; new lookups of the name find the file's own inode.
+            self.writes
+                .renamed
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(src, dst);
+            inval.inodes.push(src);
+            inval.entries.push((new_parent, new_name.to_string()));
             return Ok(inval);
         }
         if tree.children(new_parent).is_none() || !super::attr::dir_is_writable(&tree, new_parent) {
