@@ -126,6 +126,22 @@ impl Fs {
 
     /// Replaces the snapshot after a commit.
     pub fn replace_tree(&self, tree: Tree) {
+        let old = std::mem::replace(
+            &mut *self.tree.write().unwrap_or_else(|e| e.into_inner()),
+            Arc::new(tree),
+        );
+        self.refresh_identity();
+        // Unmapping a large file frees its page tables, which takes a quarter of a second
+        // per GiB: do it off the request path. (Should the thread not start, the closure is
+        // dropped here, which unmaps inline.)
+        let _ = std::thread::Builder::new()
+            .name("ptefs-unmap".into())
+            .spawn(move || drop(old));
+    }
+
+    /// Takes the model file's times again, after a commit changed them.
+    pub(crate) fn refresh_identity(&self) {
+        let tree = self.tree();
         if let Some(meta) = tree.model.files[0]
             .file
             .as_ref()
@@ -133,7 +149,6 @@ impl Fs {
         {
             *self.identity.write().unwrap_or_else(|e| e.into_inner()) = Identity::of(&meta);
         }
-        *self.tree.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(tree);
     }
 
     pub fn identity(&self) -> Identity {

@@ -150,6 +150,15 @@ fn resize(buf: &mut Vec<u8>, size: u64) -> FsResult<()> {
     Ok(())
 }
 
+/// Whether the tree of `old` still describes the file after `outcome`: an in-place write
+/// beyond the flatbuffer changes bytes that no generated file or layout is computed from.
+fn outcome_keeps_structure(old: &Tree, outcome: &Outcome) -> bool {
+    match outcome {
+        Outcome::InPlace { file, range } => range.start >= old.model.files[*file].program_end(),
+        Outcome::Relayout { .. } => false,
+    }
+}
+
 /// Which inodes a commit changed: ranges overlapping an in-place write (and every generated
 /// file when the write touched the flatbuffer), or everything after a re-layout.
 fn invalidations(old: &Tree, outcome: &Outcome) -> Invalidate {
@@ -157,8 +166,7 @@ fn invalidations(old: &Tree, outcome: &Outcome) -> Invalidate {
     let inodes = match outcome {
         Outcome::Relayout { .. } => all(),
         Outcome::InPlace { file, range } => {
-            let program_end = old.model.files[*file].program_end();
-            if range.start < program_end {
+            if !outcome_keeps_structure(old, outcome) {
                 all()
             } else {
                 old.nodes
@@ -223,7 +231,9 @@ impl Fs {
                 let s = staged.entry(ino).or_default();
                 s.handles += 1;
                 if flags & libc::O_TRUNC != 0 {
-                    s.data = Some(Vec::new());
+                    // The new content is most likely as long as the old: one allocation.
+                    let expected = usize::try_from(tree.size(ino)).unwrap_or(0);
+                    s.data = Some(Vec::with_capacity(expected));
                     s.dirty = true;
                 }
             }
@@ -537,16 +547,23 @@ impl Fs {
             log::error!("commit of {path} refused: {}", e.message);
             FsError::new(e.errno, format!("{path}: {}", e.message))
         })?;
-        let new_tree = edit::reload(&tree).map_err(|e| {
-            log::error!("{path} was written but the model could not be re-read: {e}");
-            FsError::new(
-                libc::EIO,
-                format!("{path}: written, but re-reading the model failed: {e}"),
-            )
-        })?;
         let inval = invalidations(&tree, &outcome);
+        if outcome_keeps_structure(&tree, &outcome) {
+            // Same offsets and sizes, and the mapping shares the page cache with the write:
+            // the snapshot already shows the new bytes. Re-parsing would cost time
+            // proportional to the number of values, not to the tensor.
+            self.refresh_identity();
+        } else {
+            let new_tree = edit::reload(&tree).map_err(|e| {
+                log::error!("{path} was written but the model could not be re-read: {e}");
+                FsError::new(
+                    libc::EIO,
+                    format!("{path}: written, but re-reading the model failed: {e}"),
+                )
+            })?;
+            self.replace_tree(new_tree);
+        }
         log::info!("committed {path} ({} bytes, {outcome:?})", data.len());
-        self.replace_tree(new_tree);
         Ok(inval)
     }
 
