@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+"""Edits made through a ptefs mount, and the outputs they should produce.
+
+Used by scripts/conformance-edits, run in the ExecuTorch virtualenv. Every subcommand works
+on a live mount and reads and writes only through it; a failure prints one line on stderr
+and exits 1.
+
+  plan-weight MOUNT MANIFEST FACTOR OUT.npy
+      Evaluates the plan's instructions with torch eager ops on the constants read from the
+      mount and checks that this reproduces the manifest's expected output. Then it writes
+      the weight of aten::addmm (the input of the permute_copy feeding its mat2) back as
+      weight * FACTOR with numpy.save onto values/<i>.npy, reads it back through the mount,
+      and saves the output the edited program must produce to OUT.npy. Prints the edited
+      value's path relative to the mount.
+
+  xnnpack-weight MOUNT MANIFEST FACTOR OUT.npy
+      For a delegated Linear followed by a multiplication by a scalar constant: finds the
+      weight and bias among named_data/*.bin by size, checks (x @ W.T + b) * s against the
+      manifest's expected output, writes W * FACTOR onto the weight's .bin (same size), reads
+      it back, and saves the predicted output to OUT.npy. Prints the edited blob's path.
+
+  snapshot MOUNT DIR
+      Copies segments/<n>, named_data/*.bin and delegates/*/processed.bin out of the mount.
+
+  verify-relayout MOUNT DIR DELEGATE_PATH EXPECTED_PAYLOAD ALIGN
+      After a size-changing commit of DELEGATE_PATH: the payload equals EXPECTED_PAYLOAD,
+      every other snapshotted file is byte-identical, and every segment-backed file starts
+      at a multiple of ALIGN in the model file.
+"""
+
+import glob
+import json
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.dont_write_bytecode = True
+sys.path.insert(0, HERE)
+
+
+class Failure(Exception):
+    pass
+
+
+def load_torch():
+    from conformance import load_torch as lt
+
+    return lt()
+
+
+def manifest_io(torch, manifest):
+    from conformance import inputs_to_tensors
+
+    rc = manifest["runtime_check"]
+    inputs = inputs_to_tensors(torch, rc["inputs"])
+    exp = rc["expected"]
+    expected = torch.tensor(exp["values"], dtype=torch.float32).reshape(exp["shape"])
+    return inputs, expected
+
+
+def allclose(torch, a, b):
+    return a.shape == b.shape and bool(torch.allclose(a.to(torch.float64), b.to(torch.float64), rtol=1e-5, atol=1e-5))
+
+
+def read_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def write_bytes(path, data):
+    # close() is where ptefs commits and reports a rejected or failed write.
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+# --- plan interpreter -------------------------------------------------------------------
+
+
+def parse_instructions(text):
+    """`chain:pc<TAB>kernel aten::name.overload(%a, %b, ...)` -> [(name, [indices])]."""
+    out = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        _, body = line.split("\t", 1)
+        kind, rest = body.split(" ", 1)
+        if kind != "kernel":
+            out.append((body, []))
+            continue
+        name, args = rest.split("(", 1)
+        args = args.rstrip(")").split(",")
+        out.append((name.strip(), [int(a.strip().lstrip("%")) for a in args if a.strip()]))
+    return out
+
+
+class Plan:
+    def __init__(self, torch, mount, name="forward"):
+        self.torch = torch
+        self.dir = os.path.join(mount, "plans", name)
+        self.meta = json.load(open(os.path.join(self.dir, "plan.json")))
+        self.instructions = parse_instructions(open(os.path.join(self.dir, "instructions.txt")).read())
+        self.json = {}
+
+    def value_json(self, i):
+        if i not in self.json:
+            self.json[i] = json.load(open(os.path.join(self.dir, "values", f"{i}.json")))
+        return self.json[i]
+
+    def npy_path(self, i):
+        return os.path.join(self.dir, "values", f"{i}.npy")
+
+    def scalar(self, i):
+        v = self.value_json(i)
+        if v["type"] not in ("Int", "Double", "Bool"):
+            raise Failure(f"value {i} is {v['type']}, expected a scalar")
+        return v["value"]
+
+    def int_list(self, i):
+        v = self.value_json(i)
+        if v["type"] != "IntList":
+            raise Failure(f"value {i} is {v['type']}, expected an IntList")
+        return [self.scalar(j) for j in v["items"]]
+
+    def constants(self):
+        """Every tensor whose bytes are in the files, as numpy arrays read from the mount."""
+        consts = {}
+        for i in range(self.meta["counts"]["values"]):
+            v = self.value_json(i)
+            if v["type"] == "Tensor" and v["data"] in ("constant", "external"):
+                consts[i] = np.load(self.npy_path(i))
+        return consts
+
+    def evaluate(self, inputs, consts):
+        torch = self.torch
+        env = {i: torch.from_numpy(np.array(a, copy=True)) for i, a in consts.items()}
+        for idx, t in zip(self.meta["inputs"], inputs):
+            env[idx] = t
+        for name, a in self.instructions:
+            if name == "aten::permute_copy.out":
+                env[a[2]] = env[a[0]].permute(self.int_list(a[1])).contiguous()
+            elif name == "aten::addmm.out":
+                env[a[5]] = torch.addmm(env[a[0]], env[a[1]], env[a[2]], beta=self.scalar(a[3]), alpha=self.scalar(a[4]))
+            elif name == "aten::mul.out":
+                env[a[2]] = torch.mul(env[a[0]], env[a[1]])
+            else:
+                raise Failure(f"no eager equivalent for {name}")
+        return env[self.meta["outputs"][0]]
+
+    def addmm_weight(self):
+        """The value index of the weight of aten::addmm: the input of the permute_copy that
+        produces its mat2."""
+        producers = {a[2]: (n, a) for n, a in self.instructions if n == "aten::permute_copy.out"}
+        for name, a in self.instructions:
+            if name == "aten::addmm.out" and a[2] in producers:
+                w = producers[a[2]][1][0]
+                if w in self.constants_index():
+                    return w
+        raise Failure("no aten::addmm whose mat2 is a permuted constant")
+
+    def constants_index(self):
+        return {
+            i
+            for i in range(self.meta["counts"]["values"])
+            if self.value_json(i)["type"] == "Tensor" and self.value_json(i)["data"] in ("constant", "external")
+        }
+
+
+def plan_weight(mount, manifest_path, factor, out_npy):
+    torch = load_torch()
+    manifest = json.load(open(manifest_path))
+    inputs, expected = manifest_io(torch, manifest)
+    plan = Plan(torch, mount, manifest["runtime_check"]["method"])
+    consts = plan.constants()
+    before = plan.evaluate(inputs, consts)
+    if not allclose(torch, before, expected):
+        raise Failure("the eager evaluation of the unedited constants does not reproduce the manifest")
+    w = plan.addmm_weight()
+    new_w = (consts[w] * np.float32(factor)).astype(consts[w].dtype)
+    np.save(plan.npy_path(w), new_w)
+    back = np.load(plan.npy_path(w))
+    if back.dtype != new_w.dtype or back.shape != new_w.shape or back.tobytes() != new_w.tobytes():
+        raise Failure(f"values/{w}.npy read back after the write differs from what was written")
+    edited = dict(consts)
+    edited[w] = new_w
+    after = plan.evaluate(inputs, edited)
+    if allclose(torch, after, expected):
+        raise Failure("the edit does not change the predicted output")
+    np.save(out_npy, after.numpy())
+    print(os.path.relpath(plan.npy_path(w), mount))
+
+
+# --- delegated linear -------------------------------------------------------------------
+
+
+def xnnpack_weight(mount, manifest_path, factor, out_npy):
+    torch = load_torch()
+    manifest = json.load(open(manifest_path))
+    inputs, expected = manifest_io(torch, manifest)
+    (x,) = inputs
+    n_in, n_out = x.shape[-1], expected.shape[-1]
+    blobs = {p: read_bytes(p) for p in sorted(glob.glob(os.path.join(mount, "named_data", "*.bin")))}
+    weights = [p for p, b in blobs.items() if len(b) == 4 * n_in * n_out]
+    biases = [p for p, b in blobs.items() if len(b) == 4 * n_out]
+    if len(weights) != 1 or len(biases) != 1:
+        raise Failure(f"expected one {n_out}x{n_in} float weight and one bias among named_data")
+    wpath, bpath = weights[0], biases[0]
+    w = np.frombuffer(blobs[wpath], dtype="<f4").reshape(n_out, n_in).copy()
+    b = np.frombuffer(blobs[bpath], dtype="<f4").copy()
+    plan = Plan(torch, mount, manifest["runtime_check"]["method"])
+    scalars = [i for i in plan.constants_index() if plan.value_json(i)["sizes"] == []]
+    if len(scalars) != 1:
+        raise Failure("expected one 0-dim constant (the multiplier)")
+    s = torch.from_numpy(np.array(np.load(plan.npy_path(scalars[0])), copy=True))
+
+    def linear(weight):
+        return (x @ torch.from_numpy(weight).T + torch.from_numpy(b)) * s
+
+    if not allclose(torch, linear(w), expected):
+        raise Failure("(x @ W.T + b) * s with the blobs read from the mount does not reproduce the manifest")
+    new_w = (w * np.float32(factor)).astype("<f4")
+    write_bytes(wpath, new_w.tobytes())
+    if read_bytes(wpath) != new_w.tobytes():
+        raise Failure(f"{os.path.basename(wpath)} read back after the write differs from what was written")
+    after = linear(new_w)
+    np.save(out_npy, after.numpy())
+    print(os.path.relpath(wpath, mount))
+
+
+# --- re-layout --------------------------------------------------------------------------
+
+
+def payload_files(mount):
+    pats = ["segments/*", "named_data/*.bin", "plans/*/delegates/*/processed.bin"]
+    return sorted(os.path.relpath(p, mount) for pat in pats for p in glob.glob(os.path.join(mount, pat)))
+
+
+def snapshot(mount, dest):
+    for rel in payload_files(mount):
+        target = os.path.join(dest, rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "wb") as f:
+            f.write(read_bytes(os.path.join(mount, rel)))
+
+
+def verify_relayout(mount, snap, delegate_rel, expected_payload, align):
+    align = int(align)
+    new_payload = read_bytes(expected_payload)
+    delegate_dir = os.path.dirname(delegate_rel)
+    info = json.load(open(os.path.join(mount, delegate_dir, "delegate.json")))
+    if info["processed"]["location"] != "SEGMENT":
+        raise Failure("the delegate payload is not in a segment")
+    grown_segment = os.path.join("segments", str(info["processed"]["index"]))
+    now_files = set(payload_files(mount))
+    if now_files != {os.path.relpath(p, snap) for p in glob.glob(os.path.join(snap, "**"), recursive=True) if os.path.isfile(p)}:
+        raise Failure("the set of segments and blobs changed")
+    for rel in sorted(now_files):
+        now = read_bytes(os.path.join(mount, rel))
+        if rel in (delegate_rel, grown_segment):
+            if now != new_payload:
+                raise Failure(f"{rel} is not the grown payload after the remount")
+        elif now != read_bytes(os.path.join(snap, rel)):
+            raise Failure(f"{rel} changed although it was not edited")
+    offsets = [(delegate_rel, info["file_offset"])]
+    for p in sorted(glob.glob(os.path.join(mount, "named_data", "*.json"))):
+        offsets.append((os.path.relpath(p, mount), json.load(open(p))["file_offset"]))
+    for rel, off in offsets:
+        if off % align:
+            raise Failure(f"{rel} starts at {off}, not a multiple of {align}")
+
+
+def main(argv):
+    cmds = {
+        "plan-weight": (plan_weight, 4),
+        "xnnpack-weight": (xnnpack_weight, 4),
+        "snapshot": (snapshot, 2),
+        "verify-relayout": (verify_relayout, 5),
+    }
+    if len(argv) < 2 or argv[1] not in cmds or len(argv) - 2 != cmds[argv[1]][1]:
+        print(__doc__, file=sys.stderr)
+        return 2
+    fn, _ = cmds[argv[1]]
+    args = argv[2:]
+    if fn in (plan_weight, xnnpack_weight):
+        args[2] = float(args[2])
+    try:
+        fn(*args)
+    except (Failure, OSError) as e:
+        print(f"{argv[1]}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
