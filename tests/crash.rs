@@ -11,6 +11,8 @@ use ptefs::format::generated::pte_fb;
 use ptefs::format::writer::{pack_program, pte_program_region};
 use ptefs::format::{Kind, ModelFile};
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_ptefs");
 const SIDE: i32 = 1024; // the tensor is FLOAT[1024, 1024]: 4 MiB
 
@@ -45,10 +47,6 @@ fn big_model(path: &Path, fill: u8) -> (u64, u64) {
     out.extend_from_slice(&data);
     std::fs::write(path, &out).unwrap();
     (base, nbytes)
-}
-
-fn fuse_available() -> bool {
-    Path::new("/dev/fuse").exists()
 }
 
 fn unmount(mnt: &Path) {
@@ -106,8 +104,7 @@ impl Rng {
 
 #[test]
 fn sigkill_during_commits_leaves_old_or_new() {
-    if !fuse_available() {
-        eprintln!("skipped: /dev/fuse is missing");
+    if common::fuse_missing() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

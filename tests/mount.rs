@@ -4,8 +4,8 @@
 //! from the manifests and `.tree` lists, never from facts written here.
 //!
 //! They need `/dev/fuse` and the right to mount (root in CI), plus `xxd`, `getfattr` and a
-//! `python3` with NumPy (`.ci/run` installs them). Without `/dev/fuse` they are skipped
-//! with a message; a missing tool is a failure.
+//! `python3` with NumPy (`.ci/run` installs them). A missing `/dev/fuse` or tool is a
+//! failure (see `common::fuse_missing`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CString;
@@ -18,34 +18,11 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use sha2::{Digest, Sha256};
+
+mod common;
+use common::{fuse_missing, load_json, sha256_hex};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ptefs");
-
-fn fixtures_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
-
-/// True (with a message) when this machine cannot mount FUSE at all.
-fn fuse_missing() -> bool {
-    if Path::new("/dev/fuse").exists() {
-        return false;
-    }
-    eprintln!("skipped: /dev/fuse is missing, so nothing can be mounted here");
-    true
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-fn load_json(path: &Path) -> Value {
-    let text = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_json::from_slice(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
 
 /// One fixture: a model file, its manifest, its `.tree` list and the `.ptd` files it needs.
 struct Fixture {
@@ -96,19 +73,7 @@ impl Fixture {
 
 /// Every fixture with a manifest, in `tests/fixtures` and `tests/fixtures/extra`.
 fn all_fixtures() -> Vec<Fixture> {
-    let mut manifests = Vec::new();
-    for dir in [fixtures_dir(), fixtures_dir().join("extra")] {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let p = e.path();
-            if p.extension().is_some_and(|x| x == "json") && p.with_extension("").is_file() {
-                manifests.push(p);
-            }
-        }
-    }
-    manifests.sort();
+    let manifests = common::manifests();
     assert!(!manifests.is_empty(), "no fixture manifests found");
     manifests.iter().map(|m| Fixture::load(m)).collect()
 }

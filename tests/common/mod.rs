@@ -1,4 +1,4 @@
-//! Helpers shared by the fixture and corruption tests.
+//! Helpers shared by the integration tests.
 
 #![allow(dead_code)]
 
@@ -93,4 +93,18 @@ pub fn walk(fs: &Fs) -> Vec<(String, Ino, FileType)> {
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));
     out
+}
+
+/// True (with a message) when this machine cannot mount FUSE and the run says that is
+/// expected; otherwise a missing `/dev/fuse` fails the test, so a CI machine without FUSE
+/// cannot pass by skipping every real mount.
+pub fn fuse_missing() -> bool {
+    if Path::new("/dev/fuse").exists() {
+        return false;
+    }
+    if std::env::var_os("PTEFS_TESTS_WITHOUT_FUSE").is_some() {
+        eprintln!("skipped: /dev/fuse is missing and PTEFS_TESTS_WITHOUT_FUSE is set");
+        return true;
+    }
+    panic!("/dev/fuse is missing: these tests mount for real (set PTEFS_TESTS_WITHOUT_FUSE=1 to skip them)");
 }
