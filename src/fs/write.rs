@@ -543,10 +543,9 @@ impl Fs {
         let path = tree.path(ino);
         // Readers of the mapped bytes wait while they change in place (see `read_with`).
         let exclusive = || self.gate.write().unwrap_or_else(|e| e.into_inner());
-        let outcome = edit::commit(&tree, &target, data, exclusive).map_err(|e| {
-            log::error!("commit of {path} refused: {}", e.message);
-            FsError::new(e.errno, format!("{path}: {}", e.message))
-        })?;
+        // The caller reports a refusal (the adapter logs it with the operation).
+        let outcome = edit::commit(&tree, &target, data, exclusive)
+            .map_err(|e| FsError::new(e.errno, format!("{path}: {}", e.message)))?;
         let inval = invalidations(&tree, &outcome);
         if outcome_keeps_structure(&tree, &outcome) {
             // Same offsets and sizes, and the mapping shares the page cache with the write:
