@@ -5,6 +5,7 @@
 //! `ptefs check` can list every defect. Every location returned lies inside its file.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::generated::{ptd_fb, pte_fb};
 use super::ptd::Ptd;
@@ -67,20 +68,28 @@ impl TensorShape {
 
     /// Sizes in memory order (`dim_order`), when `dim_order` is a permutation of the dims.
     pub fn physical_shape(&self) -> Option<Vec<u64>> {
-        if self.dim_order.len() != self.sizes.len() {
+        self.physical_dims().map(Iterator::collect)
+    }
+
+    /// The dims of `physical_shape`, without collecting them.
+    pub fn physical_dims(&self) -> Option<impl Iterator<Item = u64> + Clone + '_> {
+        if self.dim_order.len() != self.sizes.len() || self.sizes.iter().any(|&s| s < 0) {
             return None;
         }
-        let mut seen = vec![false; self.sizes.len()];
-        let mut shape = Vec::with_capacity(self.sizes.len());
+        // Dims are u8, so a permutation names at most 256 of them.
+        let mut seen = [false; 256];
         for &d in &self.dim_order {
             let d = d as usize;
-            if d >= self.sizes.len() || seen[d] || self.sizes[d] < 0 {
+            if d >= self.sizes.len() || seen[d] {
                 return None;
             }
             seen[d] = true;
-            shape.push(self.sizes[d] as u64);
         }
-        Some(shape)
+        Some(
+            self.dim_order
+                .iter()
+                .map(|&d| self.sizes[d as usize] as u64),
+        )
     }
 
     /// "FLOAT[3,4]".
@@ -96,7 +105,8 @@ impl TensorShape {
 
 #[derive(Debug, Clone)]
 pub struct TensorData {
-    pub shape: TensorShape,
+    /// Shared with the tree's files of this tensor, which need it for writes.
+    pub shape: Arc<TensorShape>,
     pub nbytes: Option<u64>,
     pub kind: DataKind,
     /// Where the bytes are, when the files at hand hold them.
@@ -127,15 +137,15 @@ pub struct NamedBlob {
     pub key: String,
     pub segment_index: u32,
     pub location: Result<Location, String>,
-    pub tensor: Option<TensorShape>,
+    pub tensor: Option<Arc<TensorShape>>,
 }
 
-fn tensor_shape(t: &pte_fb::TensorT) -> TensorShape {
-    TensorShape {
+fn tensor_shape(t: &pte_fb::TensorT) -> Arc<TensorShape> {
+    Arc::new(TensorShape {
         scalar_type: t.scalar_type.0,
         sizes: t.sizes.clone().unwrap_or_default(),
         dim_order: t.dim_order.clone().unwrap_or_default(),
-    }
+    })
 }
 
 fn layout_shape(l: &ptd_fb::TensorLayoutT) -> TensorShape {
@@ -462,7 +472,7 @@ pub fn resolve_pte(pte: &Pte, data: &[&Ptd]) -> PteLayout {
     let keys = key_index(data);
     for (p, plan) in pte.program.execution_plan.iter().flatten().enumerate() {
         let name = plan.name.as_deref().unwrap_or("");
-        let mut tensors = Vec::new();
+        let mut tensors = Vec::with_capacity(plan.values.as_ref().map_or(0, Vec::len));
         for (i, value) in plan.values.iter().flatten().enumerate() {
             let t = value.val.as_tensor().map(|t| {
                 let place = Place {
@@ -525,7 +535,10 @@ pub fn resolve_ptd(ptd: &Ptd, file: FileIndex) -> Vec<NamedBlob> {
     let mut out = Vec::new();
     for (k, nd) in ptd.flat_tensor.named_data.iter().flatten().enumerate() {
         let key = nd.key.clone().unwrap_or_default();
-        let tensor = nd.tensor_layout.as_deref().map(layout_shape);
+        let tensor = nd
+            .tensor_layout
+            .as_deref()
+            .map(|l| Arc::new(layout_shape(l)));
         let location = ptd
             .segments
             .get(nd.segment_index as usize)

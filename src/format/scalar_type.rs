@@ -60,7 +60,12 @@ pub fn element_size(value: i8) -> Option<u64> {
 
 /// NumPy `descr` for the `.npy` header. Types NumPy lacks become raw `|V<n>`.
 pub fn numpy_descr(value: i8) -> Option<String> {
-    let descr = match value {
+    numpy_descr_str(value).map(str::to_string)
+}
+
+/// `numpy_descr` without an allocation, for building one header per tensor.
+pub fn numpy_descr_str(value: i8) -> Option<&'static str> {
+    Some(match value {
         0 | 13 => "|u1",
         1 | 12 => "|i1",
         2 => "<i2",
@@ -76,9 +81,15 @@ pub fn numpy_descr(value: i8) -> Option<String> {
         27 => "<u2",
         28 => "<u4",
         29 => "<u8",
-        _ => return element_size(value).map(|n| format!("|V{n}")),
-    };
-    Some(descr.to_string())
+        _ => match element_size(value)? {
+            1 => "|V1",
+            2 => "|V2",
+            4 => "|V4",
+            8 => "|V8",
+            16 => "|V16",
+            _ => return None,
+        },
+    })
 }
 
 #[cfg(test)]
@@ -93,6 +104,14 @@ mod tests {
             let descr = numpy_descr(v).unwrap();
             let digits: String = descr.chars().filter(|c| c.is_ascii_digit()).collect();
             assert_eq!(digits.parse::<u64>().unwrap(), size, "{v} {descr}");
+        }
+        // Every type without a NumPy equivalent is raw bytes of its element size.
+        for v in i8::MIN..=i8::MAX {
+            match (numpy_descr_str(v), element_size(v)) {
+                (Some(d), Some(n)) if d.starts_with("|V") => assert_eq!(d, format!("|V{n}")),
+                (Some(_), Some(_)) | (None, None) => {}
+                (d, n) => panic!("{v}: descr {d:?}, element size {n:?}"),
+            }
         }
         assert_eq!(name(30), None);
         assert_eq!(element_size(-1), None);

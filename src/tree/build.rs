@@ -5,7 +5,9 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use super::{names, npy, Content, Ino, Model, Node, TextKind, Tree, WriteTarget, ROOT};
-use crate::format::layout::{resolve_ptd, resolve_pte, FileIndex, Location, TensorShape};
+use crate::format::layout::{
+    resolve_ptd, resolve_pte, FileIndex, Location, TensorData, TensorShape,
+};
 use crate::format::{scalar_type, FormatError, Kind, ModelFile};
 
 impl Model {
@@ -156,21 +158,33 @@ fn collect_aliases(model: &Model) -> HashMap<Location, Vec<String>> {
 
 struct Builder {
     nodes: Vec<Node>,
+    /// Every directory, and whether its children were listed in name order as they were
+    /// added (`finish` sorts the others).
+    dirs: Vec<(Ino, bool)>,
 }
 
 impl Builder {
-    fn push(&mut self, parent: Ino, name: String, content: Content) -> Ino {
-        self.nodes.push(Node {
-            name,
-            parent,
-            content,
-            write: None,
-        });
-        let ino = self.nodes.len() as Ino;
+    /// Adds a node without listing it in its parent; the caller lists it with `set_children`.
+    fn push_unlisted(&mut self, node: Node) -> Ino {
+        if node.is_dir() {
+            self.dirs.push((self.nodes.len() as Ino + 1, false));
+        }
+        self.nodes.push(node);
+        self.nodes.len() as Ino
+    }
+
+    /// Adds a node and lists it in its parent.
+    fn push_node(&mut self, node: Node) -> Ino {
+        let parent = node.parent;
+        let ino = self.push_unlisted(node);
         if let Content::Dir(children) = &mut self.nodes[(parent - 1) as usize].content {
             children.push(ino);
         }
         ino
+    }
+
+    fn push(&mut self, parent: Ino, name: String, content: Content) -> Ino {
+        self.push_node(node(parent, name, content, None))
     }
 
     fn dir(&mut self, parent: Ino, name: &str) -> Ino {
@@ -178,26 +192,39 @@ impl Builder {
     }
 
     fn text(&mut self, parent: Ino, name: &str, kind: TextKind) -> Ino {
-        self.push(
-            parent,
-            name.to_string(),
-            Content::Text {
-                kind,
-                rendered: OnceLock::new(),
-            },
-        )
+        self.push(parent, name.to_string(), text(kind))
     }
 
     fn node_mut(&mut self, ino: Ino) -> &mut Node {
         &mut self.nodes[(ino - 1) as usize]
     }
 
+    /// Sets the children of `dir`, which the caller has put in name order.
+    fn set_children(&mut self, dir: Ino, children: Vec<Ino>) {
+        self.node_mut(dir).content = Content::Dir(children);
+        if let Some(d) = self.dirs.iter_mut().rev().find(|(d, _)| *d == dir) {
+            d.1 = true;
+        }
+    }
+
+    /// Sorts the children of every directory by name, except those already in order.
     fn finish(mut self, model: Arc<Model>) -> Tree {
-        let names: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
-        for node in &mut self.nodes {
-            if let Content::Dir(children) = &mut node.content {
-                children.sort_by(|a, b| names[(*a - 1) as usize].cmp(&names[(*b - 1) as usize]));
+        for &(dir, ordered) in &self.dirs {
+            let i = (dir - 1) as usize;
+            if ordered {
+                continue;
             }
+            let Content::Dir(children) = &mut self.nodes[i].content else {
+                continue;
+            };
+            let mut children = std::mem::take(children);
+            let nodes = &self.nodes;
+            children.sort_by(|a, b| {
+                nodes[(*a - 1) as usize]
+                    .name
+                    .cmp(&nodes[(*b - 1) as usize].name)
+            });
+            self.nodes[i].content = Content::Dir(children);
         }
         Tree {
             model,
@@ -206,32 +233,95 @@ impl Builder {
     }
 }
 
-/// Adds `<base>.bin` and, when NumPy can describe it, `<base>.npy` for a tensor's bytes.
-fn add_tensor_files(b: &mut Builder, dir: Ino, base: &str, loc: Location, shape: &TensorShape) {
-    let bin = b.push(dir, format!("{base}.bin"), Content::Range(loc));
-    let node = b.node_mut(bin);
-    node.write = Some(WriteTarget::TensorBin {
-        location: loc,
-        shape: shape.clone(),
-    });
-    if let (Some(descr), Some(physical)) = (
-        scalar_type::numpy_descr(shape.scalar_type),
-        shape.physical_shape(),
-    ) {
-        let npy = b.push(
-            dir,
-            format!("{base}.npy"),
-            Content::Npy {
-                header: npy::header(&descr, &physical),
-                location: loc,
-            },
-        );
-        let node = b.node_mut(npy);
-        node.write = Some(WriteTarget::TensorNpy {
+fn text(kind: TextKind) -> Content {
+    Content::Text {
+        kind,
+        rendered: OnceLock::new(),
+    }
+}
+
+/// `<base><ext>`, allocated once at its final size (a tree holds a few names per value).
+fn file_name(base: &str, ext: &str) -> String {
+    let mut name = String::with_capacity(base.len() + ext.len());
+    name.push_str(base);
+    name.push_str(ext);
+    name
+}
+
+/// `0..n` in the order of their decimal strings: 0, 1, 10, 100, …, 11, …, 2, ….
+///
+/// A preorder walk of the decimal digits: after `k` come `k0`…`k9` (those below `n`), then
+/// `k + 1`, or the next number of the closest ancestor that has one. Names `<i>.<ext>` sort
+/// in this order of `i`, since '.' sorts before every digit.
+fn decimal_order(n: usize) -> Vec<usize> {
+    let mut out = Vec::with_capacity(n);
+    if n == 0 {
+        return out;
+    }
+    out.push(0);
+    let mut k = 1;
+    while out.len() < n {
+        out.push(k);
+        match k.checked_mul(10).filter(|&first_child| first_child < n) {
+            Some(first_child) => k = first_child,
+            None => {
+                while k % 10 == 9 || k + 1 >= n {
+                    k /= 10;
+                }
+                k += 1;
+            }
+        }
+    }
+    out
+}
+
+fn node(parent: Ino, name: String, content: Content, write: Option<WriteTarget>) -> Node {
+    Node {
+        name,
+        parent,
+        content,
+        write,
+    }
+}
+
+/// The `<base>.bin` and, when NumPy can describe it, `<base>.npy` of a tensor's bytes.
+fn tensor_nodes(
+    dir: Ino,
+    base: &str,
+    loc: Location,
+    shape: &Arc<TensorShape>,
+) -> (Node, Option<Node>) {
+    let bin = node(
+        dir,
+        file_name(base, ".bin"),
+        Content::Range(loc),
+        Some(WriteTarget::TensorBin {
             location: loc,
             shape: shape.clone(),
-        });
-    }
+        }),
+    );
+    let npy = npy_header(shape).map(|header| {
+        node(
+            dir,
+            file_name(base, ".npy"),
+            Content::Npy {
+                header,
+                location: loc,
+            },
+            Some(WriteTarget::TensorNpy {
+                location: loc,
+                shape: shape.clone(),
+            }),
+        )
+    });
+    (bin, npy)
+}
+
+/// The `.npy` header of a tensor (DESIGN.md §2.3: its physical shape), when NumPy can
+/// describe its type.
+fn npy_header(shape: &TensorShape) -> Option<Vec<u8>> {
+    let descr = scalar_type::numpy_descr_str(shape.scalar_type)?;
+    Some(npy::header_from_dims(descr, shape.physical_dims()?))
 }
 
 fn add_segments(
@@ -261,16 +351,22 @@ fn add_ptd(b: &mut Builder, model: &Model, root: Ino, file: FileIndex) {
     let names = model.named_data_names(file);
     for (k, blob) in model.ptd_blobs[file].iter().flatten().enumerate() {
         let base = &names[k];
-        b.text(
+        b.push(
             nd_dir,
-            &format!("{base}.json"),
-            TextKind::NamedDataJson(file, k),
+            file_name(base, ".json"),
+            text(TextKind::NamedDataJson(file, k)),
         );
         let Ok(loc) = blob.location else { continue };
         match &blob.tensor {
-            Some(shape) => add_tensor_files(b, nd_dir, base, loc, shape),
+            Some(shape) => {
+                let (bin, npy) = tensor_nodes(nd_dir, base, loc, shape);
+                b.push_node(bin);
+                if let Some(npy) = npy {
+                    b.push_node(npy);
+                }
+            }
             None => {
-                let ino = b.push(nd_dir, format!("{base}.bin"), Content::Range(loc));
+                let ino = b.push(nd_dir, file_name(base, ".bin"), Content::Range(loc));
                 let node = b.node_mut(ino);
                 node.write = Some(WriteTarget::Blob {
                     file,
@@ -280,6 +376,43 @@ fn add_ptd(b: &mut Builder, model: &Model, root: Ino, file: FileIndex) {
         }
     }
     add_segments(b, root, file, &ptd.segments);
+}
+
+/// `plans/<name>/values/`: every value's `.json`, and the `.bin` and `.npy` of tensors whose
+/// bytes are at hand. Inodes follow the values' order; the listing is in name order, built
+/// without comparing names.
+fn add_values(b: &mut Builder, plan_dir: Ino, p: usize, tensors: &[Option<TensorData>]) {
+    let values = b.dir(plan_dir, "values");
+    // Per value, the inode of its `.json`; its `.bin` and `.npy`, when it has them, follow.
+    let mut first = Vec::with_capacity(tensors.len() + 1);
+    let mut buf = [0u8; 20];
+    for (i, t) in tensors.iter().enumerate() {
+        let base = names::decimal(i as u64, &mut buf);
+        let json = file_name(base, ".json");
+        first.push(b.push_unlisted(node(values, json, text(TextKind::ValueJson(p, i)), None)));
+        if let Some((t, loc)) = t.as_ref().and_then(|t| t.location.map(|l| (t, l))) {
+            let (bin, npy) = tensor_nodes(values, base, loc, &t.shape);
+            b.push_unlisted(bin);
+            if let Some(npy) = npy {
+                b.push_unlisted(npy);
+            }
+        }
+    }
+    let end = b.nodes.len() as Ino + 1;
+    first.push(end);
+    let mut children = Vec::with_capacity((end - first[0]) as usize);
+    for i in decimal_order(tensors.len()) {
+        let (json, next) = (first[i], first[i + 1]);
+        // Name order: ".bin" < ".json" < ".npy".
+        if next - json > 1 {
+            children.push(json + 1);
+        }
+        children.push(json);
+        if next - json > 2 {
+            children.push(json + 2);
+        }
+    }
+    b.set_children(values, children);
 }
 
 fn add_pte(b: &mut Builder, model: &Model, root: Ino) {
@@ -293,13 +426,7 @@ fn add_pte(b: &mut Builder, model: &Model, root: Ino) {
         b.text(plan_dir, "plan.json", TextKind::PlanJson(p));
         b.text(plan_dir, "operators.txt", TextKind::Operators(p));
         b.text(plan_dir, "instructions.txt", TextKind::Instructions(p));
-        let values = b.dir(plan_dir, "values");
-        for (i, t) in layout.plans[p].tensors.iter().enumerate() {
-            b.text(values, &format!("{i}.json"), TextKind::ValueJson(p, i));
-            if let Some((t, loc)) = t.as_ref().and_then(|t| t.location.map(|l| (t, l))) {
-                add_tensor_files(b, values, &i.to_string(), loc, &t.shape);
-            }
-        }
+        add_values(b, plan_dir, p, &layout.plans[p].tensors);
         let delegates = b.dir(plan_dir, "delegates");
         for (j, loc) in layout.plans[p].delegates.iter().enumerate() {
             let d = b.dir(delegates, &j.to_string());
@@ -317,13 +444,13 @@ fn add_pte(b: &mut Builder, model: &Model, root: Ino) {
     let nd_dir = b.dir(root, "named_data");
     let names = model.named_data_names(0);
     for (k, loc) in layout.named_data.iter().enumerate() {
-        b.text(
+        b.push(
             nd_dir,
-            &format!("{}.json", names[k]),
-            TextKind::NamedDataJson(0, k),
+            file_name(&names[k], ".json"),
+            text(TextKind::NamedDataJson(0, k)),
         );
         if let Ok(loc) = loc {
-            let ino = b.push(nd_dir, format!("{}.bin", names[k]), Content::Range(*loc));
+            let ino = b.push(nd_dir, file_name(&names[k], ".bin"), Content::Range(*loc));
             let node = b.node_mut(ino);
             node.write = Some(WriteTarget::Blob {
                 file: 0,
@@ -341,20 +468,69 @@ fn add_pte(b: &mut Builder, model: &Model, root: Ino) {
     }
 }
 
+/// At least the number of nodes `Tree::build` makes, so that the node list is allocated once.
+fn node_bound(model: &Model) -> usize {
+    let mut n = 16;
+    if let Some(layout) = &model.pte_layout {
+        for plan in &layout.plans {
+            n += 8 + 3 * plan.tensors.len() + 3 * plan.delegates.len();
+        }
+        n += 2 * layout.named_data.len();
+    }
+    for (f, file) in model.files.iter().enumerate() {
+        n += 8 + model.ptd_blobs[f].as_ref().map_or(0, |b| 3 * b.len());
+        n += match &file.kind {
+            Kind::Pte(p) => p.segments.len(),
+            Kind::Ptd(p) => p.segments.len(),
+        };
+    }
+    n
+}
+
 impl Tree {
     pub fn build(model: Arc<Model>) -> Tree {
+        let mut nodes = Vec::with_capacity(node_bound(&model));
+        nodes.push(Node {
+            name: String::new(),
+            parent: ROOT,
+            content: Content::Dir(Vec::new()),
+            write: None,
+        });
         let mut b = Builder {
-            nodes: vec![Node {
-                name: String::new(),
-                parent: ROOT,
-                content: Content::Dir(Vec::new()),
-                write: None,
-            }],
+            nodes,
+            dirs: vec![(ROOT, false)],
         };
         match &model.files[0].kind {
             Kind::Pte(_) => add_pte(&mut b, &model, ROOT),
             Kind::Ptd(_) => add_ptd(&mut b, &model, ROOT, 0),
         }
         b.finish(model)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decimal_order_is_name_order() {
+        for n in (0..1200).chain([9999, 10000, 10001, 12345, 100_000]) {
+            let mut by_name: Vec<usize> = (0..n).collect();
+            by_name.sort_by_key(|i| i.to_string());
+            assert_eq!(decimal_order(n), by_name, "n = {n}");
+        }
+    }
+
+    #[test]
+    fn value_file_names_sort_by_decimal_order() {
+        let mut names: Vec<String> = (0..1500)
+            .flat_map(|i| [".json", ".bin", ".npy"].map(|e| format!("{i}{e}")))
+            .collect();
+        names.sort();
+        let ordered: Vec<String> = decimal_order(1500)
+            .into_iter()
+            .flat_map(|i| [".bin", ".json", ".npy"].map(|e| format!("{i}{e}")))
+            .collect();
+        assert_eq!(names, ordered);
     }
 }

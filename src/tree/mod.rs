@@ -25,12 +25,12 @@ pub enum WriteTarget {
     /// Raw tensor bytes: exactly `nbytes`, written at `location`.
     TensorBin {
         location: Location,
-        shape: TensorShape,
+        shape: Arc<TensorShape>,
     },
     /// A `.npy` of a tensor: same dtype and shape; the data part goes to `location`.
     TensorNpy {
         location: Location,
-        shape: TensorShape,
+        shape: Arc<TensorShape>,
     },
     /// A named blob without tensor layout: any size.
     Blob { file: FileIndex, named_index: usize },
@@ -197,7 +197,7 @@ impl Tree {
                 Some(shape.clone())
             }
             Some(WriteTarget::Blob { .. } | WriteTarget::DelegatePayload { .. }) => {
-                Some(blob(location.range.len))
+                Some(Arc::new(blob(location.range.len)))
             }
             _ => None,
         };

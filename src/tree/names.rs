@@ -24,6 +24,21 @@ pub fn encode(name: &str) -> String {
     out
 }
 
+/// `n` in decimal, written at the end of `buf`.
+pub fn decimal(n: u64, buf: &mut [u8; 20]) -> &str {
+    let mut at = buf.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    std::str::from_utf8(&buf[at..]).expect("ASCII digits")
+}
+
 /// Names for a list that may repeat: later duplicates get `~<n>` (n = 1, 2, …), the first
 /// suffix not taken yet.
 pub fn dedupe(names: impl IntoIterator<Item = String>) -> Vec<String> {
@@ -63,6 +78,14 @@ mod tests {
         assert_eq!(encode(".."), "%2E%2E");
         assert_eq!(encode("lin.weight"), "lin.weight");
         assert_eq!(encode(""), "%");
+    }
+
+    #[test]
+    fn writes_decimals() {
+        let mut buf = [0u8; 20];
+        for n in [0, 7, 10, 99, 12345, u64::MAX] {
+            assert_eq!(decimal(n, &mut buf), n.to_string());
+        }
     }
 
     #[test]

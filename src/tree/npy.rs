@@ -4,27 +4,43 @@
 
 pub const MAGIC: &[u8] = b"\x93NUMPY";
 
-fn shape_tuple(shape: &[u64]) -> String {
-    match shape {
-        [] => "()".to_string(),
-        [one] => format!("({one},)"),
-        many => format!(
-            "({})",
-            many.iter()
-                .map(u64::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+/// Decimal digits of `n`.
+fn digits(mut n: u64) -> usize {
+    let mut d = 1;
+    while n >= 10 {
+        n /= 10;
+        d += 1;
     }
+    d
 }
+
+const DICT_START: &[u8] = b"{'descr': '";
+const DICT_MIDDLE: &[u8] = b"', 'fortran_order': False, 'shape': ";
+const DICT_END: &[u8] = b", }";
 
 /// A complete `.npy` 1.0 header for a C-ordered array.
 pub fn header(descr: &str, shape: &[u64]) -> Vec<u8> {
-    let dict = format!(
-        "{{'descr': '{descr}', 'fortran_order': False, 'shape': {}, }}",
-        shape_tuple(shape)
-    );
-    let unpadded = MAGIC.len() + 2 + 2 + dict.len() + 1;
+    header_from_dims(descr, shape.iter().copied())
+}
+
+/// `header` for the dims an iterator yields; it is walked twice (once to size the header),
+/// so a tensor's physical shape need not be collected first. One allocation, of the final
+/// size, because a tree holds one header per tensor.
+pub fn header_from_dims<I>(descr: &str, dims: I) -> Vec<u8>
+where
+    I: Iterator<Item = u64> + Clone,
+{
+    // The shape is a Python tuple: "()", "(3,)" or "(2, 3, 4)".
+    let (count, digit_sum) = dims
+        .clone()
+        .fold((0usize, 0usize), |(c, s), d| (c + 1, s + digits(d)));
+    let tuple_len = match count {
+        0 => 2,
+        1 => 3 + digit_sum,
+        n => 2 + digit_sum + 2 * (n - 1),
+    };
+    let dict_len = DICT_START.len() + descr.len() + DICT_MIDDLE.len() + tuple_len + DICT_END.len();
+    let unpadded = MAGIC.len() + 2 + 2 + dict_len + 1;
     let total = unpadded.div_ceil(64) * 64;
     let header_len = total - MAGIC.len() - 4;
     let mut out = Vec::with_capacity(total);
@@ -32,7 +48,22 @@ pub fn header(descr: &str, shape: &[u64]) -> Vec<u8> {
     out.extend_from_slice(&[1, 0]);
     // A 1.0 header length is a u16; a shape of 16 dims is far below that.
     out.extend_from_slice(&(header_len as u16).to_le_bytes());
-    out.extend_from_slice(dict.as_bytes());
+    out.extend_from_slice(DICT_START);
+    out.extend_from_slice(descr.as_bytes());
+    out.extend_from_slice(DICT_MIDDLE);
+    out.push(b'(');
+    let mut buf = [0u8; 20];
+    for (k, d) in dims.enumerate() {
+        if k > 0 {
+            out.extend_from_slice(b", ");
+        }
+        out.extend_from_slice(super::names::decimal(d, &mut buf).as_bytes());
+    }
+    if count == 1 {
+        out.push(b',');
+    }
+    out.push(b')');
+    out.extend_from_slice(DICT_END);
     out.resize(total - 1, b' ');
     out.push(b'\n');
     out
@@ -156,6 +187,54 @@ mod tests {
             assert_eq!(p.shape, shape);
             assert!(!p.fortran_order);
             assert_eq!(p.data_offset, h.len());
+        }
+    }
+
+    /// The same header built the plain way: the dict formatted as text, then padded.
+    fn reference(descr: &str, shape: &[u64]) -> Vec<u8> {
+        let tuple = match shape {
+            [] => "()".to_string(),
+            [one] => format!("({one},)"),
+            many => format!(
+                "({})",
+                many.iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        let dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {tuple}, }}");
+        let unpadded = MAGIC.len() + 2 + 2 + dict.len() + 1;
+        let total = unpadded.div_ceil(64) * 64;
+        let mut out = MAGIC.to_vec();
+        out.extend_from_slice(&[1, 0]);
+        out.extend_from_slice(&((total - MAGIC.len() - 4) as u16).to_le_bytes());
+        out.extend_from_slice(dict.as_bytes());
+        out.resize(total - 1, b' ');
+        out.push(b'\n');
+        out
+    }
+
+    #[test]
+    fn header_matches_the_formatted_dict() {
+        let shapes: Vec<Vec<u64>> = vec![
+            vec![],
+            vec![0],
+            vec![9],
+            vec![10],
+            vec![u64::MAX],
+            vec![1, 2],
+            vec![4096, 4096],
+            vec![1, 0, 99, 100, 12345],
+            vec![7; 16],
+            vec![123_456_789; 9],
+        ];
+        for descr in ["<f4", "|b1", "<c16", "|V16"] {
+            for s in &shapes {
+                let h = header(descr, s);
+                assert_eq!(h, reference(descr, s), "{descr} {s:?}");
+                assert_eq!(h.capacity(), h.len());
+            }
         }
     }
 
