@@ -1,11 +1,12 @@
 //! Mounting: argument checks before the mount, the background server, clean unmounts.
 //!
 //! `mount` checks everything it can while it still has the terminal (the file, the
-//! mountpoint, `/dev/fuse`), finishes interrupted commits, and parses the model. Then, unless
-//! `--foreground`, it forks: the child detaches, mounts, and reports through a pipe once the
-//! mount is live (or why it failed); the parent prints that and exits. The server answers
-//! with two worker threads, a thread that sends cache invalidations to the kernel, and a
-//! thread that turns SIGINT/SIGTERM into "commit, then unmount".
+//! mountpoint, `/dev/fuse`) and finishes interrupted commits. Then, unless `--foreground`, it
+//! forks: the child parses the model, detaches, mounts, and reports through a pipe once the
+//! mount is live (or why it failed, a malformed model included); the parent prints that and
+//! exits. The server answers with two worker threads, a thread that sends cache
+//! invalidations to the kernel, and a thread that turns SIGINT/SIGTERM into "commit, then
+//! unmount".
 //!
 //! A lock file per mount (named after the mount's device number, held by the daemon for its
 //! whole life) lets `ptefs umount` wait until the daemon has committed and exited.
@@ -530,13 +531,11 @@ pub fn mount(args: MountArgs) -> ExitCode {
             log::warn!("{e}");
         }
     }
-    let model = match Model::open(&file, &data) {
-        Ok(m) => m,
-        Err(e) => return fail(e),
-    };
-    let fs = Arc::new(Fs::new(Tree::build(Arc::new(model)), Options { read_only }));
     if args.foreground {
-        return serve(fs, &config, &mountpoint, Ready::Foreground);
+        return match open_fs(&file, &data, read_only) {
+            Ok(fs) => serve(fs, &config, &mountpoint, Ready::Foreground),
+            Err(e) => fail(e),
+        };
     }
 
     let mut fds = [0; 2];
@@ -546,11 +545,20 @@ pub fn mount(args: MountArgs) -> ExitCode {
     }
     // SAFETY: both descriptors were just created and are owned here alone.
     let (read_end, write_end) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
+    // The child parses the model: the parent stays small, so that forking and the parent's
+    // exit cost next to nothing, and the daemon never copies the parsed model on write.
     // SAFETY: no thread has been started yet, so the child is a faithful copy.
     match unsafe { libc::fork() } {
         -1 => fail(format!("fork: {}", std::io::Error::last_os_error())),
         0 => {
             drop(read_end);
+            let fs = match open_fs(&file, &data, read_only) {
+                Ok(fs) => fs,
+                Err(e) => {
+                    Ready::Pipe(write_end).report(Err(e));
+                    std::process::exit(1);
+                }
+            };
             detach();
             let code = serve(fs, &config, &mountpoint, Ready::Pipe(write_end));
             std::process::exit(if code == ExitCode::SUCCESS { 0 } else { 1 });
@@ -561,7 +569,7 @@ pub fn mount(args: MountArgs) -> ExitCode {
             let mut read_end = read_end;
             let _ = read_end.read_to_string(&mut msg);
             if msg == "ok" {
-                // The daemon owns the mount now: leave without tearing down the tree.
+                // The daemon owns the mount now.
                 std::process::exit(0);
             } else if let Some(e) = msg.strip_prefix("error:") {
                 fail(e)
@@ -570,6 +578,13 @@ pub fn mount(args: MountArgs) -> ExitCode {
             }
         }
     }
+}
+
+/// Parses the model and its data files and builds the tree that the mount shows.
+fn open_fs(file: &Path, data: &[PathBuf], read_only: bool) -> Result<Arc<Fs>, String> {
+    let model = Model::open(file, data).map_err(|e| e.to_string())?;
+    let tree = Tree::build(Arc::new(model));
+    Ok(Arc::new(Fs::new(tree, Options { read_only })))
 }
 
 /// Leaves the terminal: a new session, `/` as working directory, stdio on /dev/null.
