@@ -109,7 +109,7 @@ fn wants_write(flags: i32) -> bool {
 /// The bytes a writer starts from: the file's current content.
 fn current_bytes(tree: &Arc<Tree>, ino: Ino) -> FsResult<Vec<u8>> {
     let size = tree.size(ino);
-    let mut out = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+    let mut out = staging_buffer(usize::try_from(size).unwrap_or(0));
     while (out.len() as u64) < size {
         let data = super::read::read(tree.clone(), ino, out.len() as u64, u32::MAX)?;
         if data.bytes().is_empty() {
@@ -124,6 +124,28 @@ fn current_bytes(tree: &Arc<Tree>, ino: Ino) -> FsResult<Vec<u8>> {
         ));
     }
     Ok(out)
+}
+
+/// An empty buffer with room for `capacity` staged bytes. A large one asks for transparent
+/// huge pages: touching 64 MiB of new 4 KiB pages costs more than copying the bytes into
+/// them.
+fn staging_buffer(capacity: usize) -> Vec<u8> {
+    const PAGE: usize = 4096;
+    let v = Vec::with_capacity(capacity);
+    if capacity >= 2 << 20 {
+        let start = (v.as_ptr() as usize).next_multiple_of(PAGE);
+        let end = (v.as_ptr() as usize + capacity) / PAGE * PAGE;
+        // SAFETY: advice on whole pages inside the buffer's own allocation; it changes
+        // how they are backed, never their contents.
+        unsafe {
+            libc::madvise(
+                start as *mut libc::c_void,
+                end.saturating_sub(start),
+                libc::MADV_HUGEPAGE,
+            )
+        };
+    }
+    v
 }
 
 fn write_at(buf: &mut Vec<u8>, offset: u64, data: &[u8]) -> FsResult<()> {
@@ -233,7 +255,7 @@ impl Fs {
                 if flags & libc::O_TRUNC != 0 {
                     // The new content is most likely as long as the old: one allocation.
                     let expected = usize::try_from(tree.size(ino)).unwrap_or(0);
-                    s.data = Some(Vec::with_capacity(expected));
+                    s.data = Some(staging_buffer(expected));
                     s.dirty = true;
                 }
             }
