@@ -308,10 +308,14 @@ impl FuseFs {
 
 impl fuser::Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        // HANDLE_KILLPRIV_V2: files here never carry setuid bits or capabilities, so there
+        // is nothing to drop on a write; without it the kernel asks for
+        // `security.capability` before every write request.
         for flag in [
             InitFlags::FUSE_DO_READDIRPLUS,
             InitFlags::FUSE_ATOMIC_O_TRUNC,
             InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_HANDLE_KILLPRIV_V2,
         ] {
             if config.add_capabilities(flag).is_err() {
                 log::debug!("the kernel does not offer {flag:?}");
