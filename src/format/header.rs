@@ -105,6 +105,13 @@ pub fn detect_kind(bytes: &[u8]) -> Result<FileKind, FormatError> {
         Ok(FileKind::Pte)
     } else if id == PTD_IDENTIFIER {
         Ok(FileKind::Ptd)
+    } else if id == b"BP08" {
+        Err(FormatError::mismatch(
+            "file identifier",
+            "byte 4",
+            "\"ET12\" (.pte) or \"FT01\" (.ptd)",
+            "\"BP08\", a bundled program: extract the .pte it holds and use that",
+        ))
     } else if id.starts_with(b"ET") || id.starts_with(b"FT") {
         Err(FormatError::mismatch(
             "file identifier",
@@ -306,6 +313,14 @@ pub fn parse_ptd_header(bytes: &[u8]) -> Result<PtdHeader, FormatError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bundled_programs_are_named() {
+        let mut b = vec![0u8; 64];
+        b[4..8].copy_from_slice(b"BP08");
+        let e = detect_kind(&b).unwrap_err().to_string();
+        assert!(e.contains("bundled program"), "{e}");
+    }
 
     #[test]
     fn unknown_identifier_names_what_was_found() {
