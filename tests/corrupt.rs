@@ -1265,6 +1265,14 @@ const FLAGGED_PTD_EDITS: &[&str] = &[
     "duplicate and odd keys",
 ];
 
+/// The cases of one structured edit; `must_flag` when `check` has to report it.
+fn edited_cases(f: &Fixture, name: &str, bytes: Vec<u8>, must_flag: bool) -> Vec<Case> {
+    cases_of(f, format!("{} {name}", f.path.display()), bytes, None)
+        .into_iter()
+        .map(|c| Case { must_flag, ..c })
+        .collect()
+}
+
 fn structured(f: &Fixture, out: &mut Vec<Case>) {
     if is_ptd(&f.bytes) {
         let ft = flat_tensor_of(&f.bytes);
@@ -1277,16 +1285,8 @@ fn structured(f: &Fixture, out: &mut Vec<Case>) {
         for (name, edit) in ptd_edits() {
             let mut ft = ft.clone();
             if edit(&mut ft) {
-                let b = rebuild_ptd(&f.bytes, &ft);
                 let flag = FLAGGED_PTD_EDITS.iter().any(|e| name.starts_with(e));
-                out.extend(
-                    cases_of(f, format!("{} {name}", f.path.display()), b, None)
-                        .into_iter()
-                        .map(|c| Case {
-                            must_flag: flag,
-                            ..c
-                        }),
-                );
+                out.extend(edited_cases(f, &name, rebuild_ptd(&f.bytes, &ft), flag));
             }
         }
         return;
@@ -1301,16 +1301,8 @@ fn structured(f: &Fixture, out: &mut Vec<Case>) {
     for (name, edit) in pte_edits() {
         let mut p = program.clone();
         if edit(&mut p) {
-            let b = rebuild_pte(&f.bytes, &p);
             let flag = FLAGGED_PTE_EDITS.iter().any(|e| name.starts_with(e));
-            out.extend(
-                cases_of(f, format!("{} {name}", f.path.display()), b, None)
-                    .into_iter()
-                    .map(|c| Case {
-                        must_flag: flag,
-                        ..c
-                    }),
-            );
+            out.extend(edited_cases(f, &name, rebuild_pte(&f.bytes, &p), flag));
         }
     }
 }
