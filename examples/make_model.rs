@@ -218,11 +218,7 @@ fn fill(buf: &mut [u8], dtype: pte_fb::ScalarType, rng: &mut Rng) {
 
 /// Streams `n` bytes of tensor contents to `out`.
 fn write_tensor(
-    out: &mut impl Write,
-    dtype: pte_fb::ScalarType,
-    n: u64,
-    seed: u64,
-    chunk: &mut [u8],
+    out: &mut impl Write, dtype: pte_fb::ScalarType, n: u64, seed: u64, chunk: &mut [u8],
 ) -> std::io::Result<()> {
     let mut rng = Rng(seed);
     let mut left = n;

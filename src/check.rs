@@ -5,8 +5,7 @@
 use std::collections::HashSet;
 
 use crate::format::generated::pte_fb;
-use crate::format::{scalar_type, Kind};
-use crate::tree::Model;
+use crate::format::{scalar_type, Kind, Model};
 
 /// The runtime's limit on tensor rank (`kTensorDimensionLimit`).
 const MAX_RANK: usize = 16;

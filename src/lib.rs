@@ -10,6 +10,7 @@ extern crate alloc;
 pub mod check;
 pub mod daemon;
 pub mod edit;
+pub mod error;
 pub mod format;
 pub mod fs;
 pub mod fuse;

@@ -1,4 +1,4 @@
-//! The `ptefs` command line: each subcommand parses its arguments and calls the core.
+//! The `ptefs` command line: each subcommand parses its arguments and calls the library.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use ptefs::daemon::{self, MountArgs};
+use ptefs::daemon::{self, MountRequest};
 use ptefs::offline;
 
 #[derive(Parser)]
@@ -18,6 +18,30 @@ use ptefs::offline;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct MountArgs {
+    file: PathBuf,
+    mountpoint: PathBuf,
+    /// Attach a .ptd data file (repeatable); its tree appears under data/<stem>/.
+    #[arg(long = "data", value_name = "PTD")]
+    data: Vec<PathBuf>,
+    /// Show every file read-only (writes fail with EROFS).
+    #[arg(long)]
+    read_only: bool,
+    /// Stay attached and log to stderr.
+    #[arg(short = 'f', long)]
+    foreground: bool,
+    /// FUSE mount options, comma-separated (allow_other, default_permissions, ...).
+    #[arg(short = 'o', value_name = "OPT[,OPT]")]
+    options: Vec<String>,
+    /// More logging (-v info, -vv debug, -vvv trace); RUST_LOG also works.
+    #[arg(short = 'v', action = clap::ArgAction::Count)]
+    verbose: u8,
+    /// In the background, log to this file instead of syslog.
+    #[arg(long, value_name = "PATH")]
+    log_file: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -67,48 +91,44 @@ fn fail(message: impl std::fmt::Display) -> ExitCode {
     ExitCode::FAILURE
 }
 
+fn exit_code(result: ptefs::error::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(e),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match cli.command {
-        Command::Mount(args) => daemon::mount(args),
-        Command::Umount { mountpoint } => daemon::umount(&mountpoint),
+        Command::Mount(a) => exit_code(daemon::mount(&MountRequest {
+            file: a.file,
+            mountpoint: a.mountpoint,
+            data: a.data,
+            read_only: a.read_only,
+            foreground: a.foreground,
+            options: a.options,
+            verbose: a.verbose,
+            log_file: a.log_file,
+        })),
+        Command::Umount { mountpoint } => exit_code(daemon::umount(&mountpoint)),
         Command::Ls {
             file,
             path,
             long,
             recursive,
             data,
-        } => {
-            let fs = match offline::open_fs(&file, &data) {
-                Ok(fs) => fs,
-                Err(e) => return fail(e),
-            };
-            match offline::ls(&fs, &path, long, recursive, &mut out) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => fail(e),
-            }
-        }
-        Command::Cat { file, path, data } => {
-            let fs = match offline::open_fs(&file, &data) {
-                Ok(fs) => fs,
-                Err(e) => return fail(e),
-            };
-            match offline::cat(&fs, &path, &mut out) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => fail(e),
-            }
-        }
+        } => exit_code(
+            offline::open_fs(&file, &data)
+                .and_then(|fs| offline::ls(&fs, &path, long, recursive, &mut out)),
+        ),
+        Command::Cat { file, path, data } => exit_code(
+            offline::open_fs(&file, &data).and_then(|fs| offline::cat(&fs, &path, &mut out)),
+        ),
         Command::Info { file, data } => {
-            let fs = match offline::open_fs(&file, &data) {
-                Ok(fs) => fs,
-                Err(e) => return fail(e),
-            };
-            match offline::info(&fs, &mut out) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => fail(e),
-            }
+            exit_code(offline::open_fs(&file, &data).and_then(|fs| offline::info(&fs, &mut out)))
         }
         Command::Check { file, data } => {
             let defects = offline::check(&file, &data);
@@ -120,8 +140,7 @@ fn main() -> ExitCode {
                     let _ = writeln!(out, "{d}");
                 }
                 let _ = out.flush();
-                eprintln!("ptefs: {}: {} defect(s)", file.display(), defects.len());
-                ExitCode::FAILURE
+                fail(format!("{}: {} defect(s)", file.display(), defects.len()))
             }
         }
     }

@@ -6,13 +6,14 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::error::{Error, Result};
 use crate::format::generated::pte_fb;
 use crate::format::layout::DataKind;
-use crate::format::{scalar_type, FormatError, Kind};
+use crate::format::{scalar_type, Kind, Model};
 use crate::fs::{Attr, FileType, Fs, Options};
-use crate::tree::{Ino, Model, Tree};
+use crate::tree::{Ino, Tree};
 
-pub fn open_fs(file: &Path, data: &[PathBuf]) -> Result<Fs, FormatError> {
+pub fn open_fs(file: &Path, data: &[PathBuf]) -> Result<Fs> {
     for warning in interrupted_commits(file, data) {
         log::warn!("{warning}");
         eprintln!("ptefs: warning: {warning}");
@@ -24,10 +25,15 @@ pub fn open_fs(file: &Path, data: &[PathBuf]) -> Result<Fs, FormatError> {
     ))
 }
 
-fn resolve(fs: &Fs, path: &str) -> Result<Ino, String> {
+fn find(fs: &Fs, path: &str) -> Result<Ino> {
     fs.tree()
-        .resolve(path)
-        .ok_or_else(|| format!("{path}: no such file or directory in the tree"))
+        .find(path)
+        .ok_or_else(|| Error::not_found(format!("{path} (in the tree)")))
+}
+
+/// Output errors (a closed pipe, a full disk) as errors of the command.
+fn output(e: std::io::Error) -> Error {
+    Error::io("standard output", e)
 }
 
 fn mode_string(a: &Attr) -> String {
@@ -61,16 +67,10 @@ fn entry_line(name: &str, a: &Attr, long: bool) -> String {
 
 /// Lists a directory (or names a file), like `ls -1`/`ls -l`; `recursive` lists every path
 /// below, one a line, as the fixtures' `.tree` files do.
-pub fn ls(
-    fs: &Fs,
-    path: &str,
-    long: bool,
-    recursive: bool,
-    out: &mut dyn Write,
-) -> Result<(), String> {
-    let ino = resolve(fs, path)?;
-    let attr = fs.getattr(ino).map_err(|e| e.to_string())?;
-    let io = |e: std::io::Error| e.to_string();
+pub fn ls(fs: &Fs, path: &str, long: bool, recursive: bool, out: &mut dyn Write) -> Result<()> {
+    let ino = find(fs, path)?;
+    let attr = fs.getattr(ino)?;
+    let io = output;
     if attr.kind != FileType::Directory {
         writeln!(out, "{}", entry_line(path.trim_matches('/'), &attr, long)).map_err(io)?;
         return Ok(());
@@ -79,16 +79,11 @@ pub fn ls(
         let mut stack = vec![(ino, String::new())];
         let mut lines = Vec::new();
         while let Some((dir, prefix)) = stack.pop() {
-            for (name, a) in fs
-                .readdir(dir)
-                .map_err(|e| e.to_string())?
-                .into_iter()
-                .skip(2)
-            {
-                let rel = format!("{prefix}{name}");
-                lines.push(entry_line(&rel, &a, long));
-                if a.kind == FileType::Directory {
-                    stack.push((a.ino, format!("{rel}/")));
+            for e in fs.list(dir)?.into_iter().skip(2) {
+                let rel = format!("{prefix}{}", e.name);
+                lines.push(entry_line(&rel, &e.attr, long));
+                if e.attr.kind == FileType::Directory {
+                    stack.push((e.attr.ino, format!("{rel}/")));
                 }
             }
         }
@@ -97,36 +92,31 @@ pub fn ls(
             writeln!(out, "{l}").map_err(io)?;
         }
     } else {
-        for (name, a) in fs
-            .readdir(ino)
-            .map_err(|e| e.to_string())?
-            .into_iter()
-            .skip(2)
-        {
-            writeln!(out, "{}", entry_line(&name, &a, long)).map_err(io)?;
+        for e in fs.list(ino)?.into_iter().skip(2) {
+            writeln!(out, "{}", entry_line(&e.name, &e.attr, long)).map_err(io)?;
         }
     }
     Ok(())
 }
 
-/// Writes a file's bytes, read in 1 MiB requests as through the mount.
-pub fn cat(fs: &Fs, path: &str, out: &mut dyn Write) -> Result<(), String> {
-    let ino = resolve(fs, path)?;
-    let attr = fs.getattr(ino).map_err(|e| e.to_string())?;
+/// Writes a file's bytes, read in requests of the block size, as through the mount.
+pub fn cat(fs: &Fs, path: &str, out: &mut dyn Write) -> Result<()> {
+    let ino = find(fs, path)?;
+    let attr = fs.getattr(ino)?;
     if attr.kind == FileType::Directory {
-        return Err(format!("{path}: is a directory"));
+        return Err(Error::new(libc::EISDIR, format!("{path}: is a directory")));
     }
     let mut offset = 0u64;
     while offset < attr.size {
-        let data = fs.read(ino, offset, 1 << 20).map_err(|e| e.to_string())?;
+        let data = fs.read(ino, offset, crate::fs::BLOCK_SIZE)?;
         let bytes = data.bytes();
         if bytes.is_empty() {
             break;
         }
-        out.write_all(bytes).map_err(|e| e.to_string())?;
+        out.write_all(bytes).map_err(output)?;
         offset += bytes.len() as u64;
     }
-    out.flush().map_err(|e| e.to_string())
+    out.flush().map_err(output)
 }
 
 fn human(n: u64) -> String {
@@ -145,7 +135,7 @@ fn human(n: u64) -> String {
 }
 
 /// A one-screen summary of the file.
-pub fn info(fs: &Fs, out: &mut dyn Write) -> Result<(), String> {
+pub fn info(fs: &Fs, out: &mut dyn Write) -> Result<()> {
     let tree = fs.tree();
     let model = &tree.model;
     let mut s = String::new();
@@ -228,8 +218,8 @@ pub fn info(fs: &Fs, out: &mut dyn Write) -> Result<(), String> {
             for (i, r) in pte.segments.iter().enumerate() {
                 s.push_str(&format!(
                     "  {i}: {} at file offset {}\n",
-                    human(r.len),
-                    r.start
+                    human(r.len()),
+                    r.start()
                 ));
             }
             s.push_str(&format!("named data: {}\n", layout.named_data.len()));
@@ -255,7 +245,7 @@ pub fn info(fs: &Fs, out: &mut dyn Write) -> Result<(), String> {
                 });
                 let e = by_dtype.entry(dtype).or_default();
                 e.0 += 1;
-                e.1 += b.location.as_ref().map_or(0, |l| l.range.len);
+                e.1 += b.location.as_ref().map_or(0, |l| l.range.len());
             }
             s.push_str("bytes by dtype (entries, bytes):\n");
             for (dtype, (n, bytes)) in &by_dtype {
@@ -265,8 +255,8 @@ pub fn info(fs: &Fs, out: &mut dyn Write) -> Result<(), String> {
             for (i, r) in ptd.segments.iter().enumerate() {
                 s.push_str(&format!(
                     "  {i}: {} at file offset {}\n",
-                    human(r.len),
-                    r.start
+                    human(r.len()),
+                    r.start()
                 ));
             }
         }
@@ -274,7 +264,7 @@ pub fn info(fs: &Fs, out: &mut dyn Write) -> Result<(), String> {
     for f in &model.files[1..] {
         s.push_str(&format!("data file: {}\n", f.path.display()));
     }
-    out.write_all(s.as_bytes()).map_err(|e| e.to_string())
+    out.write_all(s.as_bytes()).map_err(output)
 }
 
 /// Every defect of the files, one a line; empty when the files are sound.

@@ -22,9 +22,10 @@ use ptefs::format::generated::{ptd_fb, pte_fb};
 use ptefs::format::writer::{
     pack_flat_tensor, pack_program, ptd_program_region, pte_program_region,
 };
+use ptefs::format::Model;
 use ptefs::format::{Kind, ModelFile};
 use ptefs::fs::{FileType, Fs, Options};
-use ptefs::tree::{Model, Tree};
+use ptefs::tree::Tree;
 
 /// A generated table with some fields set (the generated structs are non-exhaustive).
 macro_rules! mk {
@@ -114,7 +115,7 @@ fn use_tree(tree: Tree) -> usize {
     }
     let mut out = Vec::new();
     if let Err(e) = ptefs::offline::info(&fs, &mut out) {
-        assert!(!e.is_empty());
+        assert!(!e.message().is_empty());
     }
     ptefs::offline::ls(&fs, "", true, true, &mut Vec::new()).unwrap();
     defects.len()
@@ -176,10 +177,7 @@ fn regions(b: &[u8]) -> (usize, usize) {
 /// A case of the fixture with `bytes` in place of the fixture's own; a corrupted `.ptd` is
 /// also tried attached to a `.pte` that uses it.
 fn cases_of(
-    f: &Fixture,
-    name: String,
-    bytes: Vec<u8>,
-    must_refuse: Option<&'static [&'static str]>,
+    f: &Fixture, name: String, bytes: Vec<u8>, must_refuse: Option<&'static [&'static str]>,
 ) -> Vec<Case> {
     let mut files = vec![(f.path.clone(), bytes.clone())];
     files.extend(f.data.iter().cloned());
@@ -417,9 +415,7 @@ fn plans(p: &mut pte_fb::ProgramT) -> Vec<&mut pte_fb::ExecutionPlanT> {
 
 /// Applies `f` to the first tensor that `pick` accepts, or to all of them with `all`.
 fn on_tensors(
-    all: bool,
-    pick: fn(&pte_fb::TensorT) -> bool,
-    f: impl Fn(&mut pte_fb::TensorT) + 'static,
+    all: bool, pick: fn(&pte_fb::TensorT) -> bool, f: impl Fn(&mut pte_fb::TensorT) + 'static,
 ) -> PteEdit {
     Box::new(move |p| {
         let mut any = false;
@@ -1564,9 +1560,9 @@ fn truncation_while_open_gives_eio() {
             .filter(|(_, _, k)| *k == FileType::RegularFile)
             .filter_map(|(path, ino, _)| match &tree.node(ino)?.content {
                 ptefs::tree::Content::Range(l) | ptefs::tree::Content::Npy { location: l, .. }
-                    if l.file == 0 && l.range.len > 0 =>
+                    if l.file == 0 && !l.range.is_empty() =>
                 {
-                    Some((path, ino, l.range.start))
+                    Some((path, ino, l.range.start()))
                 }
                 _ => None,
             })
@@ -1593,8 +1589,8 @@ fn truncation_while_open_gives_eio() {
             let r = fs.read(*ino, 0, attr_size as u32);
             match r {
                 Err(e) => {
-                    assert_eq!(e.errno, libc::EIO, "{}: {path}: {e}", file.display());
-                    assert!(!e.message.is_empty());
+                    assert_eq!(e.errno(), libc::EIO, "{}: {path}: {e}", file.display());
+                    assert!(!e.message().is_empty());
                 }
                 // A .npy's first read may be only its generated header.
                 Ok(d) if path.ends_with(".npy") && d.bytes().len() < attr_size as usize => {}
@@ -1606,17 +1602,17 @@ fn truncation_while_open_gives_eio() {
             }
             // Reading the data part of a .npy at its offset fails too.
             if path.ends_with(".npy") {
-                let e = fs.read(*ino, attr_size - 1, 1).err().map(|e| e.errno);
+                let e = fs.read(*ino, attr_size - 1, 1).err().map(|e| e.errno());
                 assert_eq!(e, Some(libc::EIO), "{path}");
             }
         }
         // Text files are generated from the parsed tables and stay readable.
-        let header = tree.resolve("header.json").unwrap();
+        let header = tree.find("header.json").unwrap();
         assert!(!read_all(&fs, header, 1 << 20).unwrap().is_empty());
         // `cat` of a truncated tensor fails with a message, not a crash.
         let mut out = Vec::new();
         let e = ptefs::offline::cat(&fs, &ranged[0].0, &mut out).unwrap_err();
-        assert!(!e.is_empty());
+        assert!(!e.message().is_empty());
         tried += 1;
     }
     assert!(tried > 0);
@@ -1647,11 +1643,8 @@ fn truncation_while_open_of_a_large_segment_gives_eio() {
     std::fs::write(&path, &b).unwrap();
     let fs = ptefs::offline::open_fs(&path, &[] as &[PathBuf]).unwrap();
     let tree = fs.tree();
-    let n = tree
-        .children(tree.resolve("segments").unwrap())
-        .unwrap()
-        .len();
-    let seg = tree.resolve(&format!("segments/{}", n - 1)).unwrap();
+    let n = tree.children(tree.find("segments").unwrap()).unwrap().len();
+    let seg = tree.find(&format!("segments/{}", n - 1)).unwrap();
     let size = fs.getattr(seg).unwrap().size;
     assert!(size > 4 << 20);
     assert_eq!(fs.read(seg, 0, 1 << 20).unwrap().bytes().len(), 1 << 20);
@@ -1665,12 +1658,12 @@ fn truncation_while_open_of_a_large_segment_gives_eio() {
     while off < size {
         let r = fs.read(seg, off, 1 << 16);
         if let Err(e) = &r {
-            assert_eq!(e.errno, libc::EIO);
+            assert_eq!(e.errno(), libc::EIO);
         }
         off += 1 << 16;
     }
     assert_eq!(
-        fs.read(seg, size - 1, 1).err().map(|e| e.errno),
+        fs.read(seg, size - 1, 1).err().map(|e| e.errno()),
         Some(libc::EIO)
     );
     // Touch the lost pages directly, as a racing copy would: survived, then reported.
@@ -1680,7 +1673,10 @@ fn truncation_while_open_of_a_large_segment_gives_eio() {
         sum = sum.wrapping_add(unsafe { std::ptr::read_volatile(&bytes[i]) } as u64);
     }
     assert!(tree.model.files[0].poisoned(), "sum {sum}");
-    assert_eq!(fs.read(seg, 0, 10).err().map(|e| e.errno), Some(libc::EIO));
+    assert_eq!(
+        fs.read(seg, 0, 10).err().map(|e| e.errno()),
+        Some(libc::EIO)
+    );
 }
 
 /// The rebuilt fixtures used by the structured corruptions are sound before corruption.
@@ -1795,7 +1791,7 @@ fn many_plans_render_in_linear_time() {
         }
     }
     assert!(rendered > 0);
-    let last = tree.resolve("plans/p99~79/values/0.json").unwrap();
+    let last = tree.find("plans/p99~79/values/0.json").unwrap();
     let json: serde_json::Value = serde_json::from_slice(&tree.text(last).unwrap()).unwrap();
     assert_eq!(json["index"], 0);
     assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
@@ -1820,8 +1816,8 @@ fn many_equal_keys_are_named_in_linear_time() {
     let t = Instant::now();
     let file = ModelFile::from_bytes(Path::new("keys.pte"), rebuild_pte(&orig, &program)).unwrap();
     let tree = Tree::build(Arc::new(Model::from_files(vec![file]).unwrap()));
-    assert!(tree.resolve("named_data/k.bin").is_some());
-    assert!(tree.resolve("named_data/k~19999.json").is_some());
+    assert!(tree.find("named_data/k.bin").is_some());
+    assert!(tree.find("named_data/k~19999.json").is_some());
     assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
 }
 
@@ -1924,9 +1920,7 @@ fn mounted_as_ptefs(mnt: &Path) -> bool {
 /// block `output()`), killing it after `limit`. The exit status (`None` on timeout) and
 /// stderr.
 fn run_bounded(
-    cmd: &mut Command,
-    dir: &Path,
-    limit: Duration,
+    cmd: &mut Command, dir: &Path, limit: Duration,
 ) -> (Option<std::process::ExitStatus>, String) {
     let err_path = dir.join("stderr");
     let err = std::fs::File::create(&err_path).unwrap();

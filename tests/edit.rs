@@ -5,8 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ptefs::fs::{Fs, Options, SetAttr};
-use ptefs::tree::{Content, Model, Tree, WriteTarget};
+use ptefs::format::{Model, WriteTarget};
+use ptefs::fs::{Fs, Options, RenameMode, SetAttr};
+use ptefs::tree::{Content, Tree};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
 
@@ -72,9 +73,9 @@ fn read_all(fs: &Fs, ino: u64) -> Vec<u8> {
 }
 
 /// Replaces the whole content of `path` the way `cp` does: O_TRUNC, write, close.
-fn replace(fs: &Fs, path: &str, data: &[u8]) -> Result<(), ptefs::fs::FsError> {
-    let ino = fs.tree().resolve(path).unwrap_or_else(|| panic!("{path}"));
-    let fh = fs.open(ino, libc::O_WRONLY | libc::O_TRUNC)?;
+fn replace(fs: &Fs, path: &str, data: &[u8]) -> Result<(), ptefs::error::Error> {
+    let ino = fs.tree().find(path).unwrap_or_else(|| panic!("{path}"));
+    let fh = fs.open(ino, libc::O_WRONLY | libc::O_TRUNC)?.fh;
     let mut off = 0;
     for chunk in data.chunks(7 + data.len() / 3) {
         fs.write(fh, off, chunk)?;
@@ -86,7 +87,7 @@ fn replace(fs: &Fs, path: &str, data: &[u8]) -> Result<(), ptefs::fs::FsError> {
 }
 
 /// `truncate(2)` by path.
-fn truncate(fs: &Fs, ino: u64, size: u64) -> Result<(), ptefs::fs::FsError> {
+fn truncate(fs: &Fs, ino: u64, size: u64) -> Result<(), ptefs::error::Error> {
     let change = SetAttr {
         size: Some(size),
         ..SetAttr::default()
@@ -128,7 +129,7 @@ fn same_size_edit_of_every_writable_file_replaces_exactly_its_range() {
         for (seed, (path, loc, _)) in targets.iter().enumerate() {
             let mut expected: Vec<Vec<u8>> =
                 files.iter().map(|f| std::fs::read(f).unwrap()).collect();
-            let new = pattern(loc.range.len as usize, seed as u8 + 1);
+            let new = pattern(loc.range.len() as usize, seed as u8 + 1);
             replace(&fs, path, &new).unwrap_or_else(|e| panic!("{name} {path}: {e}"));
             expected[loc.file][loc.range.as_usize()].copy_from_slice(&new);
             for (f, want) in files.iter().zip(&expected) {
@@ -138,7 +139,7 @@ fn same_size_edit_of_every_writable_file_replaces_exactly_its_range() {
                     f.display()
                 );
             }
-            let ino = fs.tree().resolve(path).unwrap();
+            let ino = fs.tree().find(path).unwrap();
             assert_eq!(read_all(&fs, ino), new, "{name} {path}: read back");
         }
         // Put everything back and check nothing else ever moved.
@@ -174,7 +175,7 @@ fn npy_edit_writes_only_the_data_part() {
                 c.data[loc.file - 1].clone()
             };
             let mut expected = std::fs::read(&file).unwrap();
-            let body = pattern(loc.range.len as usize, 77);
+            let body = pattern(loc.range.len() as usize, 77);
             let mut npy = header.clone();
             npy.extend_from_slice(&body);
             replace(&fs, &path, &npy).unwrap_or_else(|e| panic!("{name} {path}: {e}"));
@@ -191,36 +192,40 @@ fn rejected_writes_leave_files_unchanged() {
     let before = std::fs::read(&c.model).unwrap();
     let fs = open(&c, false);
     let e = replace(&fs, "plans/forward/values/0.bin", &[0u8; 40]).unwrap_err();
-    assert_eq!(e.errno, libc::EINVAL);
+    assert_eq!(e.errno(), libc::EINVAL);
     assert!(
-        e.message.contains("needs 48 bytes for FLOAT[3,4], got 40"),
+        e.message()
+            .contains("needs 48 bytes for FLOAT[3,4], got 40"),
         "{}",
-        e.message
+        e.message()
     );
-    let mut npy = ptefs::tree::npy::header("<f8", &[3, 4]);
+    let mut npy = ptefs::format::npy::header("<f8", &[3, 4]);
     npy.extend_from_slice(&[0u8; 96]);
     let e = replace(&fs, "plans/forward/values/0.npy", &npy).unwrap_err();
-    assert!(e.message.contains("dtype"), "{}", e.message);
-    let mut npy = ptefs::tree::npy::header("<f4", &[4, 3]);
+    assert!(e.message().contains("dtype"), "{}", e.message());
+    let mut npy = ptefs::format::npy::header("<f4", &[4, 3]);
     npy.extend_from_slice(&[0u8; 48]);
     let e = replace(&fs, "plans/forward/values/0.npy", &npy).unwrap_err();
-    assert!(e.message.contains("shape"), "{}", e.message);
+    assert!(e.message().contains("shape"), "{}", e.message());
     let e = replace(&fs, "plans/forward/values/0.npy", b"not numpy").unwrap_err();
-    assert_eq!(e.errno, libc::EINVAL);
+    assert_eq!(e.errno(), libc::EINVAL);
     let e = replace(&fs, "segments/0", &[1u8; 3]).unwrap_err();
-    assert!(e.message.contains("keep its size"), "{}", e.message);
-    let json = fs.tree().resolve("plans/forward/values/0.json").unwrap();
+    assert!(e.message().contains("keep its size"), "{}", e.message());
+    let json = fs.tree().find("plans/forward/values/0.json").unwrap();
     assert_eq!(
-        fs.open(json, libc::O_WRONLY).unwrap_err().errno,
+        fs.open(json, libc::O_WRONLY).unwrap_err().errno(),
         libc::EACCES
     );
-    let values = fs.tree().resolve("plans/forward/values").unwrap();
-    assert_eq!(fs.unlink(values, "0.bin").unwrap_err().errno, libc::EPERM);
+    let values = fs.tree().find("plans/forward/values").unwrap();
+    assert_eq!(fs.unlink(values, "0.bin").unwrap_err().errno(), libc::EPERM);
     assert_eq!(std::fs::read(&c.model).unwrap(), before);
 
     let ro = open(&c, true);
-    let bin = ro.tree().resolve("plans/forward/values/0.bin").unwrap();
-    assert_eq!(ro.open(bin, libc::O_WRONLY).unwrap_err().errno, libc::EROFS);
+    let bin = ro.tree().find("plans/forward/values/0.bin").unwrap();
+    assert_eq!(
+        ro.open(bin, libc::O_WRONLY).unwrap_err().errno(),
+        libc::EROFS
+    );
     assert_eq!(ro.getattr(bin).unwrap().perm, 0o444);
     assert_eq!(std::fs::read(&c.model).unwrap(), before);
 }
@@ -229,7 +234,7 @@ fn rejected_writes_leave_files_unchanged() {
 fn partial_writes_and_truncate_stage_until_close() {
     let c = copy_fixture("linear.pte");
     let fs = open(&c, false);
-    let ino = fs.tree().resolve("plans/forward/values/0.bin").unwrap();
+    let ino = fs.tree().find("plans/forward/values/0.bin").unwrap();
     let before = std::fs::read(&c.model).unwrap();
     let off = fs
         .tree()
@@ -240,7 +245,7 @@ fn partial_writes_and_truncate_stage_until_close() {
         .1
         .parse::<usize>()
         .unwrap();
-    let fh = fs.open(ino, libc::O_RDWR).unwrap();
+    let fh = fs.open(ino, libc::O_RDWR).unwrap().fh;
     fs.write(fh, 4, &[1, 2, 3, 4]).unwrap();
     assert_eq!(
         std::fs::read(&c.model).unwrap(),
@@ -259,7 +264,7 @@ fn partial_writes_and_truncate_stage_until_close() {
     assert_eq!(std::fs::read(&c.model).unwrap(), want);
     // truncate to 0 then back to size by path: all zeros.
     let e = truncate(&fs, ino, 0).unwrap_err();
-    assert_eq!(e.errno, libc::EINVAL);
+    assert_eq!(e.errno(), libc::EINVAL);
     assert_eq!(std::fs::read(&c.model).unwrap(), want);
 }
 
@@ -268,43 +273,45 @@ fn editor_save_through_scratch_file_commits_on_rename() {
     let c = copy_fixture("linear.pte");
     let fs = open(&c, false);
     let tree = fs.tree();
-    let values = tree.resolve("plans/forward/values").unwrap();
-    let (attr, fh) = fs.create(values, ".0.bin.swp", libc::O_WRONLY).unwrap();
+    let values = tree.find("plans/forward/values").unwrap();
+    let (attr, opened) = fs.create(values, ".0.bin.swp", libc::O_WRONLY).unwrap();
+    let fh = opened.fh;
     assert_eq!(attr.size, 0);
     let new = pattern(48, 5);
     fs.write(fh, 0, &new).unwrap();
     fs.flush(fh).unwrap();
     fs.release(fh).unwrap();
     let names: Vec<String> = fs
-        .readdir(values)
+        .list(values)
         .unwrap()
         .into_iter()
-        .map(|(n, _)| n)
+        .map(|e| e.name)
         .collect();
     assert!(names.contains(&".0.bin.swp".to_string()));
     let before = std::fs::read(&c.model).unwrap();
     assert!(fs.lookup(values, ".0.bin.swp").is_ok());
-    fs.rename(values, ".0.bin.swp", values, "0.bin").unwrap();
+    fs.rename(values, ".0.bin.swp", values, "0.bin", RenameMode::Replace)
+        .unwrap();
     assert!(fs.lookup(values, ".0.bin.swp").is_err());
     let after = std::fs::read(&c.model).unwrap();
     assert_ne!(before, after);
-    let ino = fs.tree().resolve("plans/forward/values/0.bin").unwrap();
+    let ino = fs.tree().find("plans/forward/values/0.bin").unwrap();
     assert_eq!(read_all(&fs, ino), new);
     // Whoever still holds the scratch inode (the kernel, for the new name) holds the file.
-    assert_eq!(fs.resolve(attr.ino), ino);
+    assert_eq!(fs.canonical_ino(attr.ino), ino);
     assert_eq!(fs.getattr(attr.ino).unwrap().size, 48);
     assert_eq!(fs.read(attr.ino, 0, 48).unwrap().bytes(), &new[..]);
     // Scratch files can be deleted and never reach the model.
-    let (_, fh) = fs.create(values, "junk", libc::O_WRONLY).unwrap();
+    let fh = fs.create(values, "junk", libc::O_WRONLY).unwrap().1.fh;
     fs.write(fh, 0, b"junk").unwrap();
     fs.release(fh).unwrap();
     fs.unlink(values, "junk").unwrap();
     assert_eq!(std::fs::read(&c.model).unwrap(), after);
     // Tree files cannot be renamed away.
     assert_eq!(
-        fs.rename(values, "0.bin", values, "x.bin")
+        fs.rename(values, "0.bin", values, "x.bin", RenameMode::Replace)
             .unwrap_err()
-            .errno,
+            .errno(),
         libc::EPERM
     );
 }
@@ -319,7 +326,7 @@ fn segments(path: &Path) -> Vec<(u64, Vec<u8>)> {
     };
     ranges
         .iter()
-        .map(|r| (r.start, bytes[r.as_usize()].to_vec()))
+        .map(|r| (r.start(), bytes[r.as_usize()].to_vec()))
         .collect()
 }
 
@@ -346,13 +353,13 @@ fn size_changes_relayout_and_keep_other_segments() {
                 let before = segments(&file);
                 let table_json = |fs: &Fs| -> serde_json::Value {
                     let t = fs.tree();
-                    let prefix = t.model.file_prefix(loc.file);
+                    let prefix = t.names.file_prefix(loc.file);
                     let leaf = if file.extension().is_some_and(|e| e == "ptd") {
                         "flat_tensor.json"
                     } else {
                         "program.json"
                     };
-                    let ino = t.resolve(&format!("{prefix}{leaf}")).unwrap();
+                    let ino = t.find(&format!("{prefix}{leaf}")).unwrap();
                     let mut v: serde_json::Value =
                         serde_json::from_slice(&read_all(fs, ino)).unwrap();
                     v.as_object_mut().unwrap().remove("segments");
@@ -360,7 +367,7 @@ fn size_changes_relayout_and_keep_other_segments() {
                 };
                 let table_before = table_json(&fs);
                 let mode_before = std::fs::metadata(&file).unwrap();
-                let new_len = (loc.range.len as i64 + grow).max(0) as usize;
+                let new_len = (loc.range.len() as i64 + grow).max(0) as usize;
                 let new = pattern(new_len, k as u8 + 3);
                 replace(&fs, &path, &new).unwrap_or_else(|e| panic!("{name} {path} {grow}: {e}"));
                 let after = segments(&file);
@@ -386,7 +393,7 @@ fn size_changes_relayout_and_keep_other_segments() {
                         );
                     }
                 }
-                let ino = fs.tree().resolve(&path).unwrap();
+                let ino = fs.tree().find(&path).unwrap();
                 assert_eq!(read_all(&fs, ino), new, "{name} {path}");
                 if !path.contains("delegates") || grow == 0 {
                     assert_eq!(
@@ -448,13 +455,12 @@ fn mapped_files(tree: &Tree) -> Vec<(String, usize, ptefs::format::layout::Locat
 }
 
 fn overlap(
-    a: &ptefs::format::layout::Location,
-    b: &ptefs::format::layout::Location,
+    a: &ptefs::format::layout::Location, b: &ptefs::format::layout::Location,
 ) -> Option<(u64, u64)> {
     if a.file != b.file {
         return None;
     }
-    let start = a.range.start.max(b.range.start);
+    let start = a.range.start().max(b.range.start());
     let end = a.range.end().min(b.range.end());
     (start < end).then_some((start, end))
 }
@@ -474,7 +480,7 @@ fn random_edit_sequences_match_reference_model() {
         let mut expected: std::collections::HashMap<String, Vec<u8>> = mapped_files(&fs.tree())
             .into_iter()
             .map(|(p, _, _)| {
-                let ino = fs.tree().resolve(&p).unwrap();
+                let ino = fs.tree().find(&p).unwrap();
                 (p, read_all(&fs, ino))
             })
             .collect();
@@ -483,11 +489,11 @@ fn random_edit_sequences_match_reference_model() {
             let files = mapped_files(&tree);
             let writable: Vec<_> = files
                 .iter()
-                .filter(|(p, _, _)| tree.node(tree.resolve(p).unwrap()).unwrap().write.is_some())
+                .filter(|(p, _, _)| tree.node(tree.find(p).unwrap()).unwrap().write.is_some())
                 .cloned()
                 .collect();
             let (path, hdr, loc) = writable[rng.below(writable.len() as u64) as usize].clone();
-            let ino = tree.resolve(&path).unwrap();
+            let ino = tree.find(&path).unwrap();
             let resizable = matches!(
                 tree.node(ino).unwrap().write,
                 Some(WriteTarget::Blob { .. } | WriteTarget::DelegatePayload { .. })
@@ -499,7 +505,7 @@ fn random_edit_sequences_match_reference_model() {
             let result = match op {
                 0 | 1 => {
                     // Patch some bytes through an O_RDWR handle (sometimes past the end).
-                    let fh = fs.open(ino, libc::O_RDWR).unwrap();
+                    let fh = fs.open(ino, libc::O_RDWR).unwrap().fh;
                     // An .npy's header stays intact; its data part is what is edited.
                     let off = hdr as u64 + rng.below((old.len() - hdr) as u64 + 2);
                     let len = 1 + rng.below(8) as usize;
@@ -538,9 +544,11 @@ fn random_edit_sequences_match_reference_model() {
                 }
                 _ => {
                     let parent = tree.node(ino).unwrap().parent;
-                    let (_, fh) = fs
+                    let fh = fs
                         .create(parent, &format!(".scratch{step}"), libc::O_WRONLY)
-                        .unwrap();
+                        .unwrap()
+                        .1
+                        .fh;
                     let data = pattern(old.len(), rng.next() as u8);
                     let mut data = data;
                     if hdr > 0 {
@@ -551,7 +559,13 @@ fn random_edit_sequences_match_reference_model() {
                     proposed = data;
                     let leaf = path.rsplit('/').next().unwrap();
                     let r = fs
-                        .rename(parent, &format!(".scratch{step}"), parent, leaf)
+                        .rename(
+                            parent,
+                            &format!(".scratch{step}"),
+                            parent,
+                            leaf,
+                            RenameMode::Replace,
+                        )
                         .map(|_| ());
                     if r.is_err() {
                         fs.unlink(parent, &format!(".scratch{step}")).unwrap();
@@ -577,10 +591,10 @@ fn random_edit_sequences_match_reference_model() {
                     let data = &proposed[hdr..];
                     for (q, qhdr, qloc) in &files {
                         if let Some((s, e)) = overlap(&loc, qloc) {
-                            let src = &data
-                                [(s - loc.range.start) as usize..(e - loc.range.start) as usize];
+                            let src = &data[(s - loc.range.start()) as usize
+                                ..(e - loc.range.start()) as usize];
                             let dst = expected.get_mut(q).unwrap();
-                            let at = qhdr + (s - qloc.range.start) as usize;
+                            let at = qhdr + (s - qloc.range.start()) as usize;
                             dst[at..at + src.len()].copy_from_slice(src);
                         }
                     }
@@ -598,7 +612,7 @@ fn random_edit_sequences_match_reference_model() {
             }
             let tree = fs.tree();
             for (q, _, _) in mapped_files(&tree) {
-                let got = read_all(&fs, tree.resolve(&q).unwrap());
+                let got = read_all(&fs, tree.find(&q).unwrap());
                 assert!(
                     got == expected[&q],
                     "seed {seed:#x} step {step} op {op} on {path}: {q} differs"
@@ -614,12 +628,12 @@ fn a_refused_commit_sticks_to_its_handle() {
     let c = copy_fixture("linear.pte");
     let fs = open(&c, false);
     let before = std::fs::read(&c.model).unwrap();
-    let ino = fs.tree().resolve("plans/forward/values/0.bin").unwrap();
-    let fh = fs.open(ino, libc::O_WRONLY | libc::O_TRUNC).unwrap();
+    let ino = fs.tree().find("plans/forward/values/0.bin").unwrap();
+    let fh = fs.open(ino, libc::O_WRONLY | libc::O_TRUNC).unwrap().fh;
     fs.write(fh, 0, &pattern(40, 1)).unwrap();
     let refused = fs.flush(fh).unwrap_err();
-    assert_eq!(refused.errno, libc::EINVAL);
-    assert!(refused.message.contains("48"), "{}", refused.message);
+    assert_eq!(refused.errno(), libc::EINVAL);
+    assert!(refused.message().contains("48"), "{}", refused.message());
     // The refusal discarded the staged bytes: a later write through the same handle must not
     // land on the old file's bytes and commit a mix.
     assert_eq!(fs.write(fh, 40, &pattern(8, 2)).unwrap_err(), refused);
@@ -637,10 +651,10 @@ fn flush_commits_only_what_its_handle_wrote() {
     let c = copy_fixture("linear.pte");
     let fs = open(&c, false);
     let before = std::fs::read(&c.model).unwrap();
-    let ino = fs.tree().resolve("plans/forward/values/0.bin").unwrap();
+    let ino = fs.tree().find("plans/forward/values/0.bin").unwrap();
     // A shell's `cmd > file`: open with O_TRUNC, close a duplicate before anything is
     // written, then write through the other descriptor.
-    let fh = fs.open(ino, libc::O_WRONLY | libc::O_TRUNC).unwrap();
+    let fh = fs.open(ino, libc::O_WRONLY | libc::O_TRUNC).unwrap().fh;
     fs.flush(fh).unwrap();
     assert_eq!(std::fs::read(&c.model).unwrap(), before);
     fs.write(fh, 0, &pattern(48, 4)).unwrap();
@@ -649,8 +663,8 @@ fn flush_commits_only_what_its_handle_wrote() {
     fs.release(fh).unwrap();
     assert_eq!(read_all(&fs, ino), pattern(48, 4));
     // fsync commits what another handle staged.
-    let writer = fs.open(ino, libc::O_RDWR).unwrap();
-    let syncer = fs.open(ino, libc::O_RDWR).unwrap();
+    let writer = fs.open(ino, libc::O_RDWR).unwrap().fh;
+    let syncer = fs.open(ino, libc::O_RDWR).unwrap().fh;
     fs.write(writer, 0, &[7]).unwrap();
     fs.flush(syncer).unwrap();
     assert_eq!(
@@ -669,7 +683,7 @@ fn flush_commits_only_what_its_handle_wrote() {
 fn mode_and_owner_cannot_change() {
     let c = copy_fixture("linear.pte");
     let fs = open(&c, false);
-    let ino = fs.tree().resolve("plans/forward/values/0.bin").unwrap();
+    let ino = fs.tree().find("plans/forward/values/0.bin").unwrap();
     let a = fs.getattr(ino).unwrap();
     let chmod = |mode| SetAttr {
         mode: Some(mode),
@@ -678,17 +692,17 @@ fn mode_and_owner_cannot_change() {
     // Setting what is already there is fine (cp -p, rsync).
     fs.setattr(ino, chmod(u32::from(a.perm))).unwrap();
     assert_eq!(
-        fs.setattr(ino, chmod(0o600)).unwrap_err().errno,
+        fs.setattr(ino, chmod(0o600)).unwrap_err().errno(),
         libc::EPERM
     );
     let chown = SetAttr {
         uid: Some(a.uid + 1),
         ..SetAttr::default()
     };
-    assert_eq!(fs.setattr(ino, chown).unwrap_err().errno, libc::EPERM);
+    assert_eq!(fs.setattr(ino, chown).unwrap_err().errno(), libc::EPERM);
     let ro = open(&c, true);
     assert_eq!(
-        ro.setattr(ino, chmod(0o600)).unwrap_err().errno,
+        ro.setattr(ino, chmod(0o600)).unwrap_err().errno(),
         libc::EROFS
     );
 }

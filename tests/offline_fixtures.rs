@@ -63,7 +63,7 @@ impl Ctx {
     }
 
     fn ino(&mut self, path: &str) -> Option<Ino> {
-        let ino = self.tree.resolve(path);
+        let ino = self.tree.find(path);
         if ino.is_none() {
             self.err(format!("{path}: missing from the tree"));
         }
@@ -116,12 +116,7 @@ impl Ctx {
     /// A `.npy`: version 1.0 header padded to 64 bytes, the dtype and physical shape of the
     /// tensor, then exactly the bytes of the `.bin`.
     fn check_npy(
-        &mut self,
-        path: &str,
-        scalar_type: &str,
-        sizes: &[u64],
-        order: &[u64],
-        bin: &[u8],
+        &mut self, path: &str, scalar_type: &str, sizes: &[u64], order: &[u64], bin: &[u8],
     ) {
         let Some(npy) = self.read(path) else { return };
         if let Err(e) = check_npy_bytes(&npy, scalar_type, sizes, order, bin) {
@@ -181,11 +176,7 @@ fn npy_field<'a>(dict: &'a str, key: &str) -> Option<&'a str> {
 }
 
 fn check_npy_bytes(
-    npy: &[u8],
-    scalar_type: &str,
-    sizes: &[u64],
-    order: &[u64],
-    bin: &[u8],
+    npy: &[u8], scalar_type: &str, sizes: &[u64], order: &[u64], bin: &[u8],
 ) -> Result<(), String> {
     if npy.len() < 10 || &npy[..6] != b"\x93NUMPY" {
         return Err("no \\x93NUMPY magic".into());
@@ -404,7 +395,7 @@ fn segments_match_the_manifest() {
             for (n, s) in segs.iter().enumerate() {
                 let path = format!("{prefix}segments/{n}");
                 c.check_bin(&path, &s["size"], &s["sha256"]);
-                if let Some(ino) = c.tree.resolve(&path) {
+                if let Some(ino) = c.tree.find(&path) {
                     let off = xattr(&c.fs, ino, "user.ptefs.offset");
                     c.eq(
                         &format!("{path}: user.ptefs.offset"),
@@ -539,7 +530,7 @@ fn check_tensor(c: &mut Ctx, dir: &str, i: usize, v: &Value, j: &Value) {
     let bin_path = format!("{dir}/{i}.bin");
     let sha = expected_sha256(c, v);
     if sha.is_null() {
-        if c.tree.resolve(&bin_path).is_some() {
+        if c.tree.find(&bin_path).is_some() {
             c.err(format!(
                 "{bin_path}: the manifest has no bytes for this tensor"
             ));
@@ -554,7 +545,7 @@ fn check_tensor(c: &mut Ctx, dir: &str, i: usize, v: &Value, j: &Value) {
     let Some(bin) = c.check_bin(&bin_path, &v["nbytes"], &sha) else {
         return;
     };
-    let ino = c.tree.resolve(&bin_path).unwrap();
+    let ino = c.tree.find(&bin_path).unwrap();
     if let Some((file, off)) = expected_location(c, v) {
         c.eq(
             &format!("{at} file_offset"),
@@ -840,7 +831,7 @@ fn check_named_data(c: &mut Ctx, prefix: &str, m: &Value) {
                 &u64s(&layout["dim_order"]),
                 &bin,
             ),
-            (_, false) if c.tree.resolve(&format!("{at}.npy")).is_some() => {
+            (_, false) if c.tree.find(&format!("{at}.npy")).is_some() => {
                 c.err(format!(
                     "{at}.npy: a blob without tensor_layout has no .npy"
                 ));
@@ -977,13 +968,13 @@ fn text_is_deterministic_and_ends_with_newline() {
                 continue;
             };
             let first = c.tree.text(ino).unwrap().to_vec();
-            let second = ptefs::tree::render::render(&c.tree.model, *tk);
-            let third = ptefs::tree::render::render(&c.tree.model, *tk);
+            let second = ptefs::tree::render::render(&c.tree, *tk);
+            let third = ptefs::tree::render::render(&c.tree, *tk);
             if first != second || second != third {
                 c.err(format!("{path}: renders differently on a second call"));
             }
             let other = again
-                .resolve(&path)
+                .find(&path)
                 .and_then(|i| again.text(i))
                 .map(|t| t.to_vec());
             if other.as_deref() != Some(&first[..]) {
@@ -1066,7 +1057,7 @@ fn xattrs_point_at_the_same_bytes_in_the_backing_file() {
             }
             if c.fs
                 .getxattr(ino, "user.ptefs.nonexistent")
-                .map_err(|e| e.errno)
+                .map_err(|e| e.errno())
                 != Err(libc::ENODATA)
             {
                 c.err(format!("{path}: an unknown xattr is not ENODATA"));
@@ -1082,7 +1073,7 @@ fn partial_reads_are_slices_of_the_whole() {
     for_each_fixture(|c| {
         for (path, ino, kind) in walk(&c.fs) {
             if kind == FileType::Directory {
-                let e = c.fs.read(ino, 0, 10).err().map(|e| e.errno);
+                let e = c.fs.read(ino, 0, 10).err().map(|e| e.errno());
                 c.eq(
                     &format!("{path}: read of a directory"),
                     Some(libc::EISDIR),

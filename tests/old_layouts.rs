@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use ptefs::format::generated::pte_fb;
 use ptefs::format::writer::{pack_program, pte_program_region};
+use ptefs::format::Model;
 use ptefs::format::{Kind, ModelFile};
-use ptefs::tree::{Model, Tree};
+use ptefs::tree::Tree;
 
 fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(
@@ -24,9 +25,7 @@ fn tree_of(bytes: Vec<u8>) -> Tree {
 }
 
 fn file_bytes(tree: &Tree, path: &str) -> Vec<u8> {
-    let ino = tree
-        .resolve(path)
-        .unwrap_or_else(|| panic!("{path} missing"));
+    let ino = tree.find(path).unwrap_or_else(|| panic!("{path} missing"));
     match &tree.node(ino).unwrap().content {
         ptefs::tree::Content::Range(l) => {
             tree.model.files[l.file].bytes()[l.range.as_usize()].to_vec()
@@ -75,10 +74,10 @@ fn reads_inline_constant_buffers_without_extended_header() {
     let offsets = cs.offsets.unwrap();
     let mut buffers = Vec::new();
     for (k, &off) in offsets.iter().enumerate() {
-        let end = offsets.get(k + 1).copied().unwrap_or(seg.len);
-        let start = (seg.start + off) as usize;
+        let end = offsets.get(k + 1).copied().unwrap_or(seg.len());
+        let start = (seg.start() + off) as usize;
         let mut b = pte_fb::BufferT::default();
-        b.storage = Some(orig[start..seg.start as usize + end as usize].to_vec());
+        b.storage = Some(orig[start..seg.start() as usize + end as usize].to_vec());
         buffers.push(b);
     }
     program.constant_buffer = Some(buffers);
@@ -102,7 +101,12 @@ fn reads_inline_constant_buffers_without_extended_header() {
     let Kind::Pte(p) = &t.model.files[0].kind else {
         panic!()
     };
-    for r in p.inline_constants.iter().flatten().filter(|r| r.len > 0) {
-        assert_eq!(r.start % 16, 0);
+    for r in p
+        .inline_constants
+        .iter()
+        .flatten()
+        .filter(|r| !r.is_empty())
+    {
+        assert_eq!(r.start() % 16, 0);
     }
 }

@@ -12,9 +12,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
+use ptefs::format::Model;
 use ptefs::format::{Kind, ModelFile};
 use ptefs::fs::{FileType, Fs, Options};
-use ptefs::tree::{Model, Tree, ROOT};
+use ptefs::tree::{Tree, ROOT};
 
 const PTE: &[u8] = include_bytes!("../../tests/fixtures/linear_ext.pte");
 const PTD: &[u8] = include_bytes!("../../tests/fixtures/linear_ext.ptd");
@@ -29,7 +30,9 @@ fn exercise(files: Vec<ModelFile>) {
     let fs = Fs::new(Tree::build(Arc::new(model)), Options { read_only: true });
     let mut stack = vec![ROOT];
     while let Some(dir) = stack.pop() {
-        for (name, attr) in fs.readdir(dir).expect("a directory").into_iter().skip(2) {
+        for ptefs::fs::DirEntry { name, attr } in
+            fs.list(dir).expect("a directory").into_iter().skip(2)
+        {
             assert_eq!(fs.lookup(dir, &name).expect("listed").ino, attr.ino);
             if attr.kind == FileType::Directory {
                 stack.push(attr.ino);

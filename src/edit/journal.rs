@@ -11,7 +11,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::EditError;
+use crate::error::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"PTEFSJ01";
 const HEADER_LEN: usize = 32;
@@ -25,14 +25,14 @@ pub fn journal_path(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.ptefs-journal"))
 }
 
-pub fn sync_dir(path: &Path) -> Result<(), EditError> {
+pub fn sync_dir(path: &Path) -> Result<()> {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(|e| EditError::io(format!("fsync of directory {}", dir.display()), e))
+        .map_err(|e| Error::io(format!("fsync of directory {}", dir.display()), e))
 }
 
 fn header(file_len: u64, offset: u64, len: u64) -> [u8; HEADER_LEN] {
@@ -47,18 +47,14 @@ fn header(file_len: u64, offset: u64, len: u64) -> [u8; HEADER_LEN] {
 /// Replaces `bytes.len()` bytes at `offset` of `path`, which must still be `file_len` long.
 /// `exclusive()` is held from the first byte written into the file until it is durable.
 pub fn write_in_place<G>(
-    path: &Path,
-    file_len: u64,
-    offset: u64,
-    bytes: &[u8],
-    exclusive: impl FnOnce() -> G,
-) -> Result<(), EditError> {
+    path: &Path, file_len: u64, offset: u64, bytes: &[u8], exclusive: impl FnOnce() -> G,
+) -> Result<()> {
     let shown = path.display();
     let end = offset
         .checked_add(bytes.len() as u64)
         .filter(|&e| e <= file_len)
         .ok_or_else(|| {
-            EditError::invalid(format!(
+            Error::invalid(format!(
                 "write of {} bytes at {offset} reaches past the end of {shown} ({file_len} bytes)",
                 bytes.len()
             ))
@@ -66,16 +62,13 @@ pub fn write_in_place<G>(
     let target = OpenOptions::new()
         .write(true)
         .open(path)
-        .map_err(|e| EditError::io(format!("open {shown} for writing"), e))?;
+        .map_err(|e| Error::io(format!("open {shown} for writing"), e))?;
     let now = target
         .metadata()
-        .map_err(|e| EditError::io(format!("stat {shown}"), e))?
+        .map_err(|e| Error::io(format!("stat {shown}"), e))?
         .len();
     if now != file_len {
-        return Err(EditError {
-            errno: libc::EIO,
-            message: format!("{shown} changed size behind ptefs (expected {file_len} bytes, found {now}); not writing"),
-        });
+        return Err(Error::new(libc::EIO, format!("{shown} changed size behind ptefs (expected {file_len} bytes, found {now}); not writing")));
     }
 
     let jpath = journal_path(path);
@@ -90,12 +83,12 @@ pub fn write_in_place<G>(
             .create(true)
             .truncate(true)
             .open(&jpath)
-            .map_err(|e| EditError::io(format!("create journal {}", jpath.display()), e))?;
+            .map_err(|e| Error::io(format!("create journal {}", jpath.display()), e))?;
         j.write_all(&h)
             .and_then(|_| j.write_all(bytes))
             .and_then(|_| j.write_all(&sum))
             .and_then(|_| j.sync_all())
-            .map_err(|e| EditError::io(format!("write journal {}", jpath.display()), e))?;
+            .map_err(|e| Error::io(format!("write journal {}", jpath.display()), e))?;
     }
     sync_dir(&jpath)?;
 
@@ -105,7 +98,7 @@ pub fn write_in_place<G>(
             .write_all_at(bytes, offset)
             .and_then(|_| target.sync_data())
             .map_err(|e| {
-                EditError::io(
+                Error::io(
                     format!("write {} bytes at {offset}..{end} of {shown}", bytes.len()),
                     e,
                 )
@@ -113,7 +106,7 @@ pub fn write_in_place<G>(
     }
 
     std::fs::remove_file(&jpath)
-        .map_err(|e| EditError::io(format!("remove journal {}", jpath.display()), e))?;
+        .map_err(|e| Error::io(format!("remove journal {}", jpath.display()), e))?;
     Ok(())
 }
 
@@ -126,32 +119,27 @@ pub enum Recovery {
 }
 
 /// Replays or discards a journal left beside `path` by an interrupted commit.
-pub fn recover(path: &Path) -> Result<Recovery, EditError> {
+pub fn recover(path: &Path) -> Result<Recovery> {
     let jpath = journal_path(path);
     let mut j = match File::open(&jpath) {
         Ok(j) => j,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Recovery::None),
-        Err(e) => {
-            return Err(EditError::io(
-                format!("open journal {}", jpath.display()),
-                e,
-            ))
-        }
+        Err(e) => return Err(Error::io(format!("open journal {}", jpath.display()), e)),
     };
     let mut all = Vec::new();
     j.read_to_end(&mut all)
-        .map_err(|e| EditError::io(format!("read journal {}", jpath.display()), e))?;
+        .map_err(|e| Error::io(format!("read journal {}", jpath.display()), e))?;
     let verdict = parse(&all);
     let outcome = match verdict {
-        Err(why) => Recovery::Discarded(why),
+        Err(why) => Recovery::Discarded(why.message().to_string()),
         Ok((file_len, offset, bytes)) => {
             let target = OpenOptions::new()
                 .write(true)
                 .open(path)
-                .map_err(|e| EditError::io(format!("open {} for writing", path.display()), e))?;
+                .map_err(|e| Error::io(format!("open {} for writing", path.display()), e))?;
             let now = target
                 .metadata()
-                .map_err(|e| EditError::io(format!("stat {}", path.display()), e))?
+                .map_err(|e| Error::io(format!("stat {}", path.display()), e))?
                 .len();
             if now != file_len {
                 Recovery::Discarded(format!(
@@ -162,9 +150,7 @@ pub fn recover(path: &Path) -> Result<Recovery, EditError> {
                 target
                     .write_all_at(bytes, offset)
                     .and_then(|_| target.sync_data())
-                    .map_err(|e| {
-                        EditError::io(format!("replay journal into {}", path.display()), e)
-                    })?;
+                    .map_err(|e| Error::io(format!("replay journal into {}", path.display()), e))?;
                 Recovery::Replayed {
                     offset,
                     len: bytes.len() as u64,
@@ -173,18 +159,18 @@ pub fn recover(path: &Path) -> Result<Recovery, EditError> {
         }
     };
     std::fs::remove_file(&jpath)
-        .map_err(|e| EditError::io(format!("remove journal {}", jpath.display()), e))?;
+        .map_err(|e| Error::io(format!("remove journal {}", jpath.display()), e))?;
     sync_dir(&jpath)?;
     Ok(outcome)
 }
 
 /// (file size, offset, bytes) of a whole journal, or why it is torn.
-fn parse(all: &[u8]) -> Result<(u64, u64, &[u8]), String> {
+fn parse(all: &[u8]) -> Result<(u64, u64, &[u8])> {
     if all.len() < HEADER_LEN + 4 || &all[..8] != MAGIC {
-        return Err(format!(
+        return Err(Error::invalid(format!(
             "torn journal ({} bytes, no complete header)",
             all.len()
-        ));
+        )));
     }
     let u64_at = |i: usize| u64::from_le_bytes(all[i..i + 8].try_into().expect("8 bytes"));
     let (file_len, offset, len) = (u64_at(8), u64_at(16), u64_at(24));
@@ -192,21 +178,21 @@ fn parse(all: &[u8]) -> Result<(u64, u64, &[u8]), String> {
         .checked_add(len)
         .and_then(|n| n.checked_add(4));
     if expected != Some(all.len() as u64) {
-        return Err(format!(
+        return Err(Error::invalid(format!(
             "torn journal: {} bytes, expected {}",
             all.len(),
             HEADER_LEN as u64 + len + 4
-        ));
+        )));
     }
     let body_end = all.len() - 4;
     let sum = u32::from_le_bytes(all[body_end..].try_into().expect("4 bytes"));
     if crc32fast::hash(&all[..body_end]) != sum {
-        return Err("torn journal: checksum mismatch".to_string());
+        return Err(Error::invalid("torn journal: checksum mismatch"));
     }
     if offset.checked_add(len).is_none_or(|e| e > file_len) {
-        return Err(format!(
+        return Err(Error::invalid(format!(
             "journal range {offset}+{len} lies outside a file of {file_len} bytes"
-        ));
+        )));
     }
     Ok((file_len, offset, &all[HEADER_LEN..body_end]))
 }
@@ -262,7 +248,7 @@ mod tests {
     fn refuses_when_file_changed_size() {
         let (_d, p) = temp_file(&[0u8; 10]);
         let e = write_in_place(&p, 20, 0, &[1], || ()).unwrap_err();
-        assert!(e.message.contains("changed size"), "{e}");
+        assert!(e.message().contains("changed size"), "{e}");
         assert_eq!(std::fs::read(&p).unwrap(), vec![0u8; 10]);
     }
 }

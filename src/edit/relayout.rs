@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use super::journal::sync_dir;
 use super::validate::Change;
-use super::EditError;
+use crate::error::{Error, Result};
 use crate::format::generated::{ptd_fb, pte_fb};
 use crate::format::layout::FileIndex;
 use crate::format::range::ByteRange;
@@ -22,8 +22,7 @@ use crate::format::writer::{
     pack_flat_tensor, pack_program, place_segments, power_of_two_of, ptd_program_region,
     pte_program_region,
 };
-use crate::format::{Kind, ModelFile};
-use crate::tree::Model;
+use crate::format::{Kind, Model, ModelFile};
 
 /// ExecuTorch's default segment alignment, used when a file gives no better evidence.
 const DEFAULT_SEGMENT_ALIGNMENT: u64 = 128;
@@ -68,15 +67,15 @@ enum Source<'a> {
 }
 
 /// Rewrites file `file` of `model` with `change` applied.
-pub fn rewrite(model: &Model, file: FileIndex, change: &Change) -> Result<(), EditError> {
+pub fn rewrite(model: &Model, file: FileIndex, change: &Change) -> Result<()> {
     let mf = &model.files[file];
-    let (head, base, sources, offsets) = match &mf.kind {
+    let plan = match &mf.kind {
         Kind::Pte(pte) => plan_pte(mf, pte, change)?,
         Kind::Ptd(ptd) => plan_ptd(ptd, change)?,
     };
     let tmp = temp_path(&mf.path);
-    let result = write_new_file(mf, &tmp, &head, base, &sources, &offsets)
-        .and_then(|_| check_new_file(mf, &tmp, &sources))
+    let result = write_new_file(mf, &tmp, &plan)
+        .and_then(|_| check_new_file(mf, &tmp, &plan.sources))
         .and_then(|_| replace(&mf.path, &tmp));
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -84,16 +83,23 @@ pub fn rewrite(model: &Model, file: FileIndex, change: &Change) -> Result<(), Ed
     result
 }
 
-type Layout<'a> = (Vec<u8>, u64, Vec<Source<'a>>, Vec<u64>);
+/// The new file: its program region, then each segment at its offset from the base.
+struct NewLayout<'a> {
+    /// Header and flatbuffer, up to where padding before the segments starts.
+    head: Vec<u8>,
+    /// `segment_base_offset`.
+    base: u64,
+    /// Per segment, where its bytes come from.
+    sources: Vec<Source<'a>>,
+    /// Per segment, its offset from `base`.
+    offsets: Vec<u64>,
+}
 
-fn segment_sources<'a>(
-    segments: &[ByteRange],
-    change: &'a Change,
-) -> Result<Vec<Source<'a>>, EditError> {
+fn segment_sources<'a>(segments: &[ByteRange], change: &'a Change) -> Result<Vec<Source<'a>>> {
     let mut sources: Vec<Source> = segments.iter().map(|r| Source::Old(*r)).collect();
     if let Change::Segment { index, data } = change {
         let slot = sources.get_mut(*index).ok_or_else(|| {
-            EditError::invalid(format!(
+            Error::invalid(format!(
                 "segment {index} does not exist ({} segments)",
                 segments.len()
             ))
@@ -105,7 +111,7 @@ fn segment_sources<'a>(
 
 fn source_len(s: &Source) -> u64 {
     match s {
-        Source::Old(r) => r.len,
+        Source::Old(r) => r.len(),
         Source::New(d) => d.len() as u64,
     }
 }
@@ -113,18 +119,16 @@ fn source_len(s: &Source) -> u64 {
 /// Segment order by original position (ties by index), as ExecuTorch placed them.
 fn original_order(segments: &[ByteRange]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..segments.len()).collect();
-    order.sort_by_key(|&i| (segments[i].start, i));
+    order.sort_by_key(|&i| (segments[i].start(), i));
     order
 }
 
 fn new_offsets(
-    segments: &[ByteRange],
-    sources: &[Source],
-    alignment: u64,
-) -> Result<(Vec<u64>, u64), EditError> {
+    segments: &[ByteRange], sources: &[Source], alignment: u64,
+) -> Result<(Vec<u64>, u64)> {
     let sizes: Vec<u64> = sources.iter().map(source_len).collect();
     let offsets = place_segments(&sizes, &original_order(segments), alignment)
-        .ok_or_else(|| EditError::invalid("segment layout overflows 64 bits"))?;
+        .ok_or_else(|| Error::invalid("segment layout overflows 64 bits"))?;
     let data_size = offsets
         .iter()
         .zip(&sizes)
@@ -135,10 +139,8 @@ fn new_offsets(
 }
 
 fn plan_pte<'a>(
-    mf: &ModelFile,
-    pte: &crate::format::pte::Pte,
-    change: &'a Change,
-) -> Result<Layout<'a>, EditError> {
+    mf: &ModelFile, pte: &crate::format::pte::Pte, change: &'a Change,
+) -> Result<NewLayout<'a>> {
     let bytes = mf.bytes();
     let flat = &bytes[..pte.header.program_size() as usize];
     // Verified when the file was opened; a full unpack keeps every field, inline bytes too.
@@ -146,10 +148,10 @@ fn plan_pte<'a>(
         &crate::format::pte::verifier_options(),
         flat,
     )
-    .map_err(|e| EditError::invalid(format!("re-reading the program failed: {e}")))?;
+    .map_err(|e| Error::invalid(format!("re-reading the program failed: {e}")))?;
     let mut program = root.unpack();
     let base = pte.header.segment_base_offset();
-    let rel: Vec<u64> = pte.segments.iter().map(|r| r.start - base).collect();
+    let rel: Vec<u64> = pte.segments.iter().map(|r| r.start() - base).collect();
     let alignment = segment_alignment(base, &rel);
     // Inline vectors keep the alignment they had (16 unless the file was exported with more).
     let inline_alignment = pte
@@ -157,8 +159,8 @@ fn plan_pte<'a>(
         .iter()
         .chain(&pte.inline_constants)
         .flatten()
-        .filter(|r| r.len > 0)
-        .map(|r| power_of_two_of(r.start).clamp(16, 4096))
+        .filter(|r| !r.is_empty())
+        .map(|r| power_of_two_of(r.start()).clamp(16, 4096))
         .min()
         .unwrap_or(16);
     if let Change::InlineDelegate { index, data } = change {
@@ -167,7 +169,7 @@ fn plan_pte<'a>(
             .as_mut()
             .and_then(|v| v.get_mut(*index))
             .ok_or_else(|| {
-                EditError::invalid(format!("inline delegate data {index} does not exist"))
+                Error::invalid(format!("inline delegate data {index} does not exist"))
             })?;
         slot.data = Some(data.clone());
     }
@@ -187,16 +189,18 @@ fn plan_pte<'a>(
         data_size,
         pte.header.extended.is_some(),
     );
-    Ok((head, base, sources, offsets))
+    Ok(NewLayout {
+        head,
+        base,
+        sources,
+        offsets,
+    })
 }
 
-fn plan_ptd<'a>(
-    ptd: &crate::format::ptd::Ptd,
-    change: &'a Change,
-) -> Result<Layout<'a>, EditError> {
+fn plan_ptd<'a>(ptd: &crate::format::ptd::Ptd, change: &'a Change) -> Result<NewLayout<'a>> {
     let mut ft: ptd_fb::FlatTensorT = ptd.flat_tensor.clone();
     let base = ptd.header.segment_base_offset;
-    let rel: Vec<u64> = ptd.segments.iter().map(|r| r.start - base).collect();
+    let rel: Vec<u64> = ptd.segments.iter().map(|r| r.start() - base).collect();
     let alignment = segment_alignment(base, &rel);
     let sources = segment_sources(&ptd.segments, change)?;
     let (offsets, data_size) = new_offsets(&ptd.segments, &sources, alignment)?;
@@ -208,11 +212,16 @@ fn plan_ptd<'a>(
     }
     let fb = pack_flat_tensor(&ft);
     let (head, base) = ptd_program_region(&fb, alignment, data_size);
-    Ok((head, base, sources, offsets))
+    Ok(NewLayout {
+        head,
+        base,
+        sources,
+        offsets,
+    })
 }
 
-fn io(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> EditError {
-    move |e| EditError::io(what, e)
+fn io(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Error {
+    move |e| Error::io(what, e)
 }
 
 fn write_zeros(out: &mut File, n: u64) -> std::io::Result<()> {
@@ -229,11 +238,7 @@ fn write_zeros(out: &mut File, n: u64) -> std::io::Result<()> {
 /// Copies `len` bytes at `offset` of `src` to the current end of `dst`, in the kernel when
 /// it can, else through a buffer.
 fn copy_range(
-    src: &File,
-    dst: &mut File,
-    offset: u64,
-    len: u64,
-    dst_offset: u64,
+    src: &File, dst: &mut File, offset: u64, len: u64, dst_offset: u64,
 ) -> std::io::Result<()> {
     let mut off_in = offset as libc::loff_t;
     let mut off_out = dst_offset as libc::loff_t;
@@ -278,11 +283,7 @@ fn copy_range(
 }
 
 fn copy_range_buffered(
-    src: &File,
-    dst: &mut File,
-    offset: u64,
-    len: u64,
-    dst_offset: u64,
+    src: &File, dst: &mut File, offset: u64, len: u64, dst_offset: u64,
 ) -> std::io::Result<()> {
     use std::io::{Seek, SeekFrom};
     use std::os::unix::fs::FileExt;
@@ -298,19 +299,19 @@ fn copy_range_buffered(
     Ok(())
 }
 
-fn write_new_file(
-    mf: &ModelFile,
-    tmp: &Path,
-    head: &[u8],
-    base: u64,
-    sources: &[Source],
-    offsets: &[u64],
-) -> Result<(), EditError> {
+fn write_new_file(mf: &ModelFile, tmp: &Path, plan: &NewLayout) -> Result<()> {
+    let NewLayout {
+        head,
+        base,
+        sources,
+        offsets,
+    } = plan;
+    let base = *base;
     let shown = tmp.display();
     let src = mf
         .file
         .as_ref()
-        .ok_or_else(|| EditError::invalid("the model is not backed by a file"))?;
+        .ok_or_else(|| Error::invalid("the model is not backed by a file"))?;
     let mut out = OpenOptions::new()
         .write(true)
         .create(true)
@@ -331,7 +332,7 @@ fn write_new_file(
         write_zeros(&mut out, at - pos).map_err(io(format!("write {shown}")))?;
         match &sources[i] {
             Source::New(d) => out.write_all(d).map_err(io(format!("write {shown}")))?,
-            Source::Old(r) => copy_range(src, &mut out, r.start, r.len, at)
+            Source::Old(r) => copy_range(src, &mut out, r.start(), r.len(), at)
                 .map_err(io(format!("copy segment {i} into {shown}")))?,
         }
         pos = at + len;
@@ -355,44 +356,44 @@ fn write_new_file(
 
 /// Parses the new file back: it must open cleanly and its segments must have the sizes and
 /// bytes planned (unchanged segments are compared by size; their bytes were copied verbatim).
-fn check_new_file(old: &ModelFile, tmp: &Path, sources: &[Source]) -> Result<(), EditError> {
-    let new = ModelFile::open(tmp).map_err(|e| EditError {
-        errno: libc::EIO,
-        message: format!("the re-laid-out file does not parse back: {e}"),
+fn check_new_file(old: &ModelFile, tmp: &Path, sources: &[Source]) -> Result<()> {
+    let new = ModelFile::open(tmp).map_err(|e| {
+        Error::new(
+            libc::EIO,
+            format!("the re-laid-out file does not parse back: {e}"),
+        )
     })?;
     let segs = match (&new.kind, &old.kind) {
         (Kind::Pte(n), Kind::Pte(_)) => &n.segments,
         (Kind::Ptd(n), Kind::Ptd(_)) => &n.segments,
-        _ => return Err(EditError::invalid("the re-laid-out file changed kind")),
+        _ => return Err(Error::invalid("the re-laid-out file changed kind")),
     };
     if segs.len() != sources.len() {
-        return Err(EditError {
-            errno: libc::EIO,
-            message: format!(
+        return Err(Error::new(
+            libc::EIO,
+            format!(
                 "the re-laid-out file has {} segments, expected {}",
                 segs.len(),
                 sources.len()
             ),
-        });
+        ));
     }
     for (i, (r, s)) in segs.iter().zip(sources).enumerate() {
         let ok = match s {
-            Source::Old(o) => r.len == o.len,
+            Source::Old(o) => r.len() == o.len(),
             Source::New(d) => &new.bytes()[r.as_usize()] == *d,
         };
         if !ok {
-            return Err(EditError {
-                errno: libc::EIO,
-                message: format!(
-                    "the re-laid-out file's segment {i} does not hold the planned bytes"
-                ),
-            });
+            return Err(Error::new(
+                libc::EIO,
+                format!("the re-laid-out file's segment {i} does not hold the planned bytes"),
+            ));
         }
     }
     Ok(())
 }
 
-fn replace(path: &Path, tmp: &Path) -> Result<(), EditError> {
+fn replace(path: &Path, tmp: &Path) -> Result<()> {
     std::fs::rename(tmp, path).map_err(io(format!(
         "rename {} over {}",
         tmp.display(),

@@ -3,10 +3,10 @@
 
 use crate::format::generated::pte_fb;
 use crate::format::layout::{FileIndex, Location, TensorShape};
+use crate::format::{npy, Model, WriteTarget};
 use crate::format::{scalar_type, Kind};
-use crate::tree::{npy, Model, WriteTarget};
 
-use super::EditError;
+use crate::error::{Error, Result};
 
 /// A size-changing edit of one file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,10 +23,10 @@ pub enum Plan<'a> {
     Relayout { file: FileIndex, change: Change },
 }
 
-fn exact_size(location: Location, shape: &TensorShape, data: &[u8]) -> Result<(), EditError> {
-    let need = location.range.len;
+fn exact_size(location: Location, shape: &TensorShape, data: &[u8]) -> Result<()> {
+    let need = location.range.len();
     if data.len() as u64 != need {
-        return Err(EditError::invalid(format!(
+        return Err(Error::invalid(format!(
             "needs {need} bytes for {}, got {}",
             shape.describe(),
             data.len()
@@ -49,15 +49,11 @@ fn normalize_descr(d: &str) -> String {
     }
 }
 
-fn check_npy<'a>(
-    location: Location,
-    shape: &TensorShape,
-    data: &'a [u8],
-) -> Result<&'a [u8], EditError> {
-    let header = npy::parse_header(data).map_err(EditError::invalid)?;
+fn check_npy<'a>(location: Location, shape: &TensorShape, data: &'a [u8]) -> Result<&'a [u8]> {
+    let header = npy::parse_header(data)?;
     let want_descr = scalar_type::numpy_descr(shape.scalar_type).unwrap_or_default();
     if normalize_descr(&header.descr) != normalize_descr(&want_descr) {
-        return Err(EditError::invalid(format!(
+        return Err(Error::invalid(format!(
             ".npy dtype differs: expected '{want_descr}' ({}), found '{}'",
             scalar_type::display(shape.scalar_type),
             header.descr
@@ -65,22 +61,22 @@ fn check_npy<'a>(
     }
     let want_shape = shape.physical_shape().unwrap_or_default();
     if header.shape != want_shape {
-        return Err(EditError::invalid(format!(
+        return Err(Error::invalid(format!(
             ".npy shape differs: expected {want_shape:?}, found {:?}",
             header.shape
         )));
     }
     if header.fortran_order && want_shape.iter().filter(|&&d| d > 1).count() > 1 {
-        return Err(EditError::invalid(
+        return Err(Error::invalid(
             ".npy is in Fortran order: expected C order (save np.ascontiguousarray(a))",
         ));
     }
     let body = &data[header.data_offset..];
-    if body.len() as u64 != location.range.len {
-        return Err(EditError::invalid(format!(
+    if body.len() as u64 != location.range.len() {
+        return Err(Error::invalid(format!(
             ".npy data is {} bytes: expected {} for {}",
             body.len(),
-            location.range.len,
+            location.range.len(),
             shape.describe()
         )));
     }
@@ -88,11 +84,7 @@ fn check_npy<'a>(
 }
 
 /// Decides how `data` becomes the new content of `target`, or why it cannot.
-pub fn plan<'a>(
-    model: &Model,
-    target: &WriteTarget,
-    data: &'a [u8],
-) -> Result<Plan<'a>, EditError> {
+pub fn plan<'a>(model: &Model, target: &WriteTarget, data: &'a [u8]) -> Result<Plan<'a>> {
     match target {
         WriteTarget::TensorBin { location, shape } => {
             exact_size(*location, shape, data)?;
@@ -111,10 +103,10 @@ pub fn plan<'a>(
         WriteTarget::Segment {
             location, index, ..
         } => {
-            if data.len() as u64 != location.range.len {
-                return Err(EditError::invalid(format!(
+            if data.len() as u64 != location.range.len() {
+                return Err(Error::invalid(format!(
                     "segment {index} must keep its size: expected {} bytes, got {} (resize a blob or delegate payload instead)",
-                    location.range.len,
+                    location.range.len(),
                     data.len()
                 )));
             }
@@ -125,7 +117,7 @@ pub fn plan<'a>(
         }
         WriteTarget::Blob { file, named_index } => {
             let (location, segment) = blob_location(model, *file, *named_index)?;
-            if data.len() as u64 == location.range.len {
+            if data.len() as u64 == location.range.len() {
                 Ok(Plan::InPlace {
                     location,
                     bytes: data,
@@ -144,19 +136,15 @@ pub fn plan<'a>(
             let layout = model
                 .pte_layout
                 .as_ref()
-                .ok_or_else(|| EditError::invalid("not a .pte"))?;
-            let location = layout.plans[*plan].delegates[*delegate]
-                .clone()
-                .map_err(EditError::invalid)?;
-            if data.len() as u64 == location.range.len {
+                .ok_or_else(|| Error::invalid("not a .pte"))?;
+            let location = layout.plans[*plan].delegates[*delegate].clone()?;
+            if data.len() as u64 == location.range.len() {
                 return Ok(Plan::InPlace {
                     location,
                     bytes: data,
                 });
             }
-            let pte = model
-                .pte()
-                .ok_or_else(|| EditError::invalid("not a .pte"))?;
+            let pte = model.pte().ok_or_else(|| Error::invalid("not a .pte"))?;
             let d = &pte.program.execution_plan.as_deref().unwrap_or_default()[*plan]
                 .delegates
                 .as_deref()
@@ -164,7 +152,7 @@ pub fn plan<'a>(
             let r = d
                 .processed
                 .as_ref()
-                .ok_or_else(|| EditError::invalid("delegate has no processed data reference"))?;
+                .ok_or_else(|| Error::invalid("delegate has no processed data reference"))?;
             let index = r.index as usize;
             let change = if r.location == pte_fb::DataLocation::SEGMENT {
                 Change::Segment {
@@ -182,17 +170,17 @@ pub fn plan<'a>(
     }
 }
 
-fn blob_location(model: &Model, file: FileIndex, k: usize) -> Result<(Location, usize), EditError> {
+fn blob_location(model: &Model, file: FileIndex, k: usize) -> Result<(Location, usize)> {
     match &model.files[file].kind {
         Kind::Pte(p) => {
             let layout = model.pte_layout.as_ref().expect("a .pte is resolved");
-            let loc = layout.named_data[k].clone().map_err(EditError::invalid)?;
+            let loc = layout.named_data[k].clone()?;
             let seg = p.program.named_data.as_deref().unwrap_or_default()[k].segment_index as usize;
             Ok((loc, seg))
         }
         Kind::Ptd(_) => {
             let blob = &model.ptd_blobs[file].as_deref().unwrap_or_default()[k];
-            let loc = blob.location.clone().map_err(EditError::invalid)?;
+            let loc = blob.location.clone()?;
             Ok((loc, blob.segment_index as usize))
         }
     }

@@ -17,10 +17,7 @@ impl FormatError {
 
     /// "`what` at `place`: expected `expected`, found `found`".
     pub fn mismatch(
-        what: &str,
-        place: impl fmt::Display,
-        expected: impl fmt::Display,
-        found: impl fmt::Display,
+        what: &str, place: impl fmt::Display, expected: impl fmt::Display, found: impl fmt::Display,
     ) -> Self {
         FormatError::new(format!(
             "{what} at {place}: expected {expected}, found {found}"

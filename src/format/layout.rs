@@ -12,6 +12,7 @@ use super::ptd::Ptd;
 use super::pte::Pte;
 use super::range::{checked_range, ByteRange};
 use super::scalar_type;
+use super::FormatError;
 
 /// Which file holds a range: 0 is the model file itself, `k` the k-th attached `.ptd` (1-based).
 pub type FileIndex = usize;
@@ -51,17 +52,23 @@ pub struct TensorShape {
 
 impl TensorShape {
     /// product(sizes) × element size, or why it has none.
-    pub fn nbytes(&self) -> Result<u64, String> {
+    pub fn nbytes(&self) -> Result<u64, FormatError> {
         let elem = scalar_type::element_size(self.scalar_type)
-            .ok_or_else(|| format!("unknown scalar type {}", self.scalar_type))?;
+            .ok_or_else(|| FormatError::new(format!("unknown scalar type {}", self.scalar_type)))?;
         let mut n: u64 = elem;
         for &s in &self.sizes {
             if s < 0 {
-                return Err(format!("negative size {s} in sizes {:?}", self.sizes));
+                return Err(FormatError::new(format!(
+                    "negative size {s} in sizes {:?}",
+                    self.sizes
+                )));
             }
-            n = n
-                .checked_mul(s as u64)
-                .ok_or_else(|| format!("byte size of sizes {:?} overflows 64 bits", self.sizes))?;
+            n = n.checked_mul(s as u64).ok_or_else(|| {
+                FormatError::new(format!(
+                    "byte size of sizes {:?} overflows 64 bits",
+                    self.sizes
+                ))
+            })?;
         }
         Ok(n)
     }
@@ -120,14 +127,14 @@ pub struct PlanLayout {
     /// One entry per value; `None` for values that are not tensors.
     pub tensors: Vec<Option<TensorData>>,
     /// Per delegate: its payload's location or the defect.
-    pub delegates: Vec<Result<Location, String>>,
+    pub delegates: Vec<Result<Location, FormatError>>,
 }
 
 #[derive(Debug, Clone)]
 pub struct PteLayout {
     pub plans: Vec<PlanLayout>,
     /// Per `Program.named_data` entry.
-    pub named_data: Vec<Result<Location, String>>,
+    pub named_data: Vec<Result<Location, FormatError>>,
     /// Every defect found, each naming its place.
     pub defects: Vec<String>,
 }
@@ -136,7 +143,7 @@ pub struct PteLayout {
 pub struct NamedBlob {
     pub key: String,
     pub segment_index: u32,
-    pub location: Result<Location, String>,
+    pub location: Result<Location, FormatError>,
     pub tensor: Option<Arc<TensorShape>>,
 }
 
@@ -176,26 +183,22 @@ impl std::fmt::Display for Place<'_> {
 
 /// A sub-range `[offset, offset + len)` of segment `index` of the model file.
 fn in_segment(
-    pte: &Pte,
-    what: impl Fn() -> String,
-    index: u32,
-    offset: u64,
-    len: u64,
-) -> Result<Location, String> {
+    pte: &Pte, what: impl Fn() -> String, index: u32, offset: u64, len: u64,
+) -> Result<Location, FormatError> {
     let seg = pte.segments.get(index as usize).ok_or_else(|| {
-        format!(
+        FormatError::new(format!(
             "{}: segment index {index} out of range (expected < {}, the number of segments)",
             what(),
             pte.segments.len()
-        )
+        ))
     })?;
-    let range = checked_range("", seg.start, offset, len, seg.end()).map_err(|e| {
-        format!(
+    let range = checked_range("", seg.start(), offset, len, seg.end()).map_err(|e| {
+        FormatError::new(format!(
             "{}{e} (segment {index} is {} bytes at file offset {})",
             what(),
-            seg.len,
-            seg.start
-        )
+            seg.len(),
+            seg.start()
+        ))
     })?;
     Ok(Location { file: 0, range })
 }
@@ -216,12 +219,8 @@ fn key_index<'a>(data: &[&'a Ptd]) -> KeyIndex<'a> {
     index
 }
 
-fn resolve_tensor(
-    pte: &Pte,
-    data: &[&Ptd],
-    keys: &KeyIndex,
-    place: &dyn std::fmt::Display,
-    t: &pte_fb::TensorT,
+fn locate_tensor(
+    pte: &Pte, data: &[&Ptd], keys: &KeyIndex, place: &dyn std::fmt::Display, t: &pte_fb::TensorT,
 ) -> TensorData {
     let shape = tensor_shape(t);
     let nbytes = shape.nbytes();
@@ -264,17 +263,14 @@ fn resolve_tensor(
     };
     match found {
         Ok(loc) => out.location = loc,
-        Err(e) => out.defect = Some(e),
+        Err(e) => out.defect = Some(e.to_string()),
     }
     out
 }
 
 fn constant_location(
-    pte: &Pte,
-    place: &dyn std::fmt::Display,
-    idx: u32,
-    len: u64,
-) -> Result<Option<Location>, String> {
+    pte: &Pte, place: &dyn std::fmt::Display, idx: u32, len: u64,
+) -> Result<Option<Location>, FormatError> {
     let program = &pte.program;
     if let Some(cs) = program
         .constant_segment
@@ -283,10 +279,10 @@ fn constant_location(
     {
         let offsets = cs.offsets.as_deref().unwrap_or_default();
         let offset = *offsets.get(idx as usize).ok_or_else(|| {
-            format!(
+            FormatError::new(format!(
                 "{place}: data_buffer_idx {idx} out of range (expected < {}, the number of constant offsets)",
                 offsets.len()
-            )
+            ))
         })?;
         let what = || {
             format!(
@@ -297,33 +293,27 @@ fn constant_location(
     }
     // Deprecated inline constant buffers.
     let storage = pte.inline_constants.get(idx as usize).ok_or_else(|| {
-        format!(
+        FormatError::new(format!(
             "{place}: data_buffer_idx {idx} out of range (expected < {}, the number of constant buffers)",
             pte.inline_constants.len()
-        )
+        ))
     })?;
     let range = storage.unwrap_or_default();
-    if range.len < len {
-        return Err(format!(
+    if range.len() < len {
+        return Err(FormatError::new(format!(
             "{place}: constant buffer {idx} too short: expected at least {len} bytes, found {}",
-            range.len
-        ));
+            range.len()
+        )));
     }
     Ok(Some(Location {
         file: 0,
-        range: ByteRange {
-            start: range.start,
-            len,
-        },
+        range: range.prefix(len),
     }))
 }
 
 fn mutable_location(
-    pte: &Pte,
-    place: &dyn std::fmt::Display,
-    idx: u32,
-    len: u64,
-) -> Result<Option<Location>, String> {
+    pte: &Pte, place: &dyn std::fmt::Display, idx: u32, len: u64,
+) -> Result<Option<Location>, FormatError> {
     // The runtime always reads mutable_data_segments[0].
     let sub = pte
         .program
@@ -331,14 +321,14 @@ fn mutable_location(
         .as_ref()
         .and_then(|m| m.first())
         .ok_or_else(|| {
-            format!("{place}: data_buffer_idx {idx} with allocation_info needs Program.mutable_data_segments, which is empty")
+            FormatError::new(format!("{place}: data_buffer_idx {idx} with allocation_info needs Program.mutable_data_segments, which is empty"))
         })?;
     let offsets = sub.offsets.as_deref().unwrap_or_default();
     let offset = *offsets.get(idx as usize).ok_or_else(|| {
-        format!(
+        FormatError::new(format!(
             "{place}: data_buffer_idx {idx} out of range (expected < {}, the number of mutable offsets)",
             offsets.len()
-        )
+        ))
     })?;
     let what = || {
         format!(
@@ -349,32 +339,32 @@ fn mutable_location(
 }
 
 fn external_location(
-    data: &[&Ptd],
-    keys: &KeyIndex,
-    place: &dyn std::fmt::Display,
-    t: &pte_fb::TensorT,
-    shape: &TensorShape,
-    len: u64,
-) -> Result<Option<Location>, String> {
+    data: &[&Ptd], keys: &KeyIndex, place: &dyn std::fmt::Display, t: &pte_fb::TensorT,
+    shape: &TensorShape, len: u64,
+) -> Result<Option<Location>, FormatError> {
     let fqn = t
         .extra_tensor_info
         .as_ref()
         .and_then(|e| e.fully_qualified_name.as_deref())
-        .ok_or_else(|| format!("{place}: EXTERNAL tensor without fully_qualified_name"))?;
+        .ok_or_else(|| {
+            FormatError::new(format!(
+                "{place}: EXTERNAL tensor without fully_qualified_name"
+            ))
+        })?;
     if data.is_empty() {
         return Ok(None);
     }
     let (k, n) = match keys.get(fqn).map(Vec::as_slice) {
         None | Some([]) => {
-            return Err(format!(
+            return Err(FormatError::new(format!(
                 "{place}: EXTERNAL tensor \"{fqn}\" not found in the attached data files"
-            ))
+            )))
         }
         Some([one]) => *one,
         Some(_) => {
-            return Err(format!(
+            return Err(FormatError::new(format!(
                 "{place}: key \"{fqn}\" appears in more than one data file"
-            ))
+            )))
         }
     };
     let nd = &data[k]
@@ -383,90 +373,84 @@ fn external_location(
         .as_deref()
         .unwrap_or_default()[n];
     let layout = nd.tensor_layout.as_ref().ok_or_else(|| {
-        format!(
+        FormatError::new(format!(
             "{place}: key \"{fqn}\" in data file {} has no tensor_layout (the runtime needs one)",
             k + 1
-        )
+        ))
     })?;
     let theirs = layout_shape(layout);
     if &theirs != shape {
-        return Err(format!(
+        return Err(FormatError::new(format!(
             "{place}: tensor layout of \"{fqn}\" differs: expected {} dim_order {:?}, found {} dim_order {:?}",
             shape.describe(),
             shape.dim_order,
             theirs.describe(),
             theirs.dim_order
-        ));
+        )));
     }
     let ptd = data[k];
     let seg = ptd.segments.get(nd.segment_index as usize).ok_or_else(|| {
-        format!(
+        FormatError::new(format!(
             "{place}: \"{fqn}\" (named_data[{n}]) segment index {} out of range (expected < {})",
             nd.segment_index,
             ptd.segments.len()
-        )
+        ))
     })?;
-    if seg.len < len {
-        return Err(format!(
+    if seg.len() < len {
+        return Err(FormatError::new(format!(
             "{place}: segment of \"{fqn}\" too short: expected at least {len} bytes, found {}",
-            seg.len
-        ));
+            seg.len()
+        )));
     }
     Ok(Some(Location {
         file: k + 1,
-        range: ByteRange {
-            start: seg.start,
-            len,
-        },
+        range: seg.prefix(len),
     }))
 }
 
 fn delegate_location(
-    pte: &Pte,
-    place: &dyn std::fmt::Display,
-    d: &pte_fb::BackendDelegateT,
-) -> Result<Location, String> {
-    let r = d
-        .processed
-        .as_ref()
-        .ok_or_else(|| format!("{place}: delegate has no processed data reference"))?;
+    pte: &Pte, place: &dyn std::fmt::Display, d: &pte_fb::BackendDelegateT,
+) -> Result<Location, FormatError> {
+    let r = d.processed.as_ref().ok_or_else(|| {
+        FormatError::new(format!("{place}: delegate has no processed data reference"))
+    })?;
     match r.location {
         pte_fb::DataLocation::INLINE => {
             let range = pte
                 .inline_delegate_data
                 .get(r.index as usize)
                 .ok_or_else(|| {
-                    format!(
+                    FormatError::new(format!(
                         "{place}: inline data index {} out of range (expected < {}, the number of backend_delegate_data entries)",
                         r.index,
                         pte.inline_delegate_data.len()
-                    )
+                    ))
                 })?
                 .unwrap_or_default();
             Ok(Location { file: 0, range })
         }
         pte_fb::DataLocation::SEGMENT => {
             let seg = pte.segments.get(r.index as usize).ok_or_else(|| {
-                format!(
+                FormatError::new(format!(
                     "{place}: segment index {} out of range (expected < {}, the number of segments)",
                     r.index,
                     pte.segments.len()
-                )
+                ))
             })?;
             Ok(Location {
                 file: 0,
                 range: *seg,
             })
         }
-        other => Err(format!(
+        other => Err(FormatError::new(format!(
             "{place}: data location {} is neither INLINE (0) nor SEGMENT (1)",
             other.0
-        )),
+        ))),
     }
 }
 
 /// Resolves every byte range of a `.pte`, with the `.ptd` files attached to it.
-pub fn resolve_pte(pte: &Pte, data: &[&Ptd]) -> PteLayout {
+pub fn locate_pte(pte: &Pte, data: &[&Ptd]) -> PteLayout {
     let mut defects = Vec::new();
     let mut plans = Vec::new();
     let keys = key_index(data);
@@ -481,7 +465,7 @@ pub fn resolve_pte(pte: &Pte, data: &[&Ptd]) -> PteLayout {
                     item: "value",
                     index: i,
                 };
-                resolve_tensor(pte, data, &keys, &place, t)
+                locate_tensor(pte, data, &keys, &place, t)
             });
             if let Some(d) = t.as_ref().and_then(|t| t.defect.clone()) {
                 defects.push(d);
@@ -498,7 +482,7 @@ pub fn resolve_pte(pte: &Pte, data: &[&Ptd]) -> PteLayout {
             };
             let loc = delegate_location(pte, &place, d);
             if let Err(e) = &loc {
-                defects.push(e.clone());
+                defects.push(e.to_string());
             }
             delegates.push(loc);
         }
@@ -512,14 +496,14 @@ pub fn resolve_pte(pte: &Pte, data: &[&Ptd]) -> PteLayout {
             .get(nd.segment_index as usize)
             .map(|r| Location { file: 0, range: *r })
             .ok_or_else(|| {
-                format!(
+                FormatError::new(format!(
                     "named_data[{k}] (\"{key}\"): segment index {} out of range (expected < {})",
                     nd.segment_index,
                     pte.segments.len()
-                )
+                ))
             });
         if let Err(e) = &loc {
-            defects.push(e.clone());
+            defects.push(e.to_string());
         }
         named_data.push(loc);
     }
@@ -531,7 +515,7 @@ pub fn resolve_pte(pte: &Pte, data: &[&Ptd]) -> PteLayout {
 }
 
 /// Resolves the named blobs of a `.ptd` whose ranges are in file `file`.
-pub fn resolve_ptd(ptd: &Ptd, file: FileIndex) -> Vec<NamedBlob> {
+pub fn locate_ptd(ptd: &Ptd, file: FileIndex) -> Vec<NamedBlob> {
     let mut out = Vec::new();
     for (k, nd) in ptd.flat_tensor.named_data.iter().flatten().enumerate() {
         let key = nd.key.clone().unwrap_or_default();
@@ -543,29 +527,29 @@ pub fn resolve_ptd(ptd: &Ptd, file: FileIndex) -> Vec<NamedBlob> {
             .segments
             .get(nd.segment_index as usize)
             .ok_or_else(|| {
-                format!(
+                FormatError::new(format!(
                     "named_data[{k}] (\"{key}\"): segment index {} out of range (expected < {})",
                     nd.segment_index,
                     ptd.segments.len()
-                )
+                ))
             })
             .and_then(|seg| match &tensor {
                 None => Ok(Location { file, range: *seg }),
                 Some(shape) => {
                     let n = shape
                         .nbytes()
-                        .map_err(|e| format!("named_data[{k}] (\"{key}\"): {e}"))?;
-                    if seg.len < n {
-                        return Err(format!(
+                        .map_err(|e| FormatError::new(format!("named_data[{k}] (\"{key}\"): {e}")))?;
+                    if seg.len() < n {
+                        return Err(FormatError::new(format!(
                             "named_data[{k}] (\"{key}\"): segment {} too short for {}: expected at least {n} bytes, found {}",
                             nd.segment_index,
                             shape.describe(),
-                            seg.len
-                        ));
+                            seg.len()
+                        )));
                     }
                     Ok(Location {
                         file,
-                        range: ByteRange { start: seg.start, len: n },
+                        range: seg.prefix(n),
                     })
                 }
             });

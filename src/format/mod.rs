@@ -17,15 +17,19 @@ pub mod error;
     unsafe_op_in_unsafe_fn,
     unused_imports
 )]
+#[rustfmt::skip]
 pub mod generated;
 pub mod header;
 pub mod layout;
 pub mod model;
+pub mod npy;
 pub mod ptd;
 pub mod pte;
 pub mod range;
 pub mod scalar_type;
+pub mod target;
 pub mod writer;
 
 pub use error::FormatError;
-pub use model::{Kind, ModelFile};
+pub use model::{Kind, Model, ModelFile};
+pub use target::WriteTarget;

@@ -1,4 +1,5 @@
-//! Opening a model file: map it, decide its kind from the identifier, parse it.
+//! Opening a model: map each file, decide its kind from the identifier, parse it, and resolve
+//! where every tensor, payload and blob keeps its bytes.
 //!
 //! Invariant: a `ModelFile` always holds a successfully parsed file; the bytes it parsed stay
 //! mapped for as long as it lives.
@@ -9,6 +10,7 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 
 use super::header::{detect_kind, FileKind};
+use super::layout::{locate_ptd, locate_pte, FileIndex, NamedBlob, PteLayout};
 use super::ptd::{parse_ptd, Ptd};
 use super::pte::{parse_pte, Pte};
 use super::FormatError;
@@ -134,5 +136,117 @@ impl ModelFile {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "data".to_string())
+    }
+}
+
+/// The parsed files a mount shows, and where their bytes are.
+///
+/// Invariant: `files[0]` is the mounted file; `files[1..]` are `.ptd` files attached to a
+/// `.pte` (never to a `.ptd`); `pte_layout` is resolved against exactly those files.
+pub struct Model {
+    pub files: Vec<ModelFile>,
+    pub pte_layout: Option<PteLayout>,
+    /// Named blobs of each `.ptd` among `files` (None for the `.pte`).
+    pub ptd_blobs: Vec<Option<Vec<NamedBlob>>>,
+}
+
+impl Model {
+    /// Opens the mounted file and its attached `.ptd` files and resolves every byte range.
+    pub fn open(path: &Path, data: &[impl AsRef<Path>]) -> Result<Model, FormatError> {
+        let mut files = vec![ModelFile::open(path)?];
+        for d in data {
+            files.push(ModelFile::open(d.as_ref())?);
+        }
+        Model::from_files(files)
+    }
+
+    pub fn from_files(files: Vec<ModelFile>) -> Result<Model, FormatError> {
+        if files.len() > 1 {
+            if let Kind::Ptd(_) = files[0].kind {
+                return Err(FormatError::new(format!(
+                    "{}: --data attaches .ptd files to a .pte, but this file is a .ptd",
+                    files[0].path.display()
+                )));
+            }
+        }
+        for f in &files[1..] {
+            if let Kind::Pte(_) = f.kind {
+                return Err(FormatError::mismatch(
+                    "--data file",
+                    f.path.display(),
+                    "a .ptd (identifier FT01)",
+                    "a .pte (identifier ET12)",
+                ));
+            }
+        }
+        let ptd_blobs: Vec<_> = files
+            .iter()
+            .enumerate()
+            .map(|(i, f)| match &f.kind {
+                Kind::Ptd(p) => Some(locate_ptd(p, i)),
+                Kind::Pte(_) => None,
+            })
+            .collect();
+        let pte_layout = match &files[0].kind {
+            Kind::Pte(pte) => {
+                let data: Vec<_> = files[1..]
+                    .iter()
+                    .filter_map(|f| match &f.kind {
+                        Kind::Ptd(p) => Some(&**p),
+                        Kind::Pte(_) => None,
+                    })
+                    .collect();
+                Some(locate_pte(pte, &data))
+            }
+            Kind::Ptd(_) => None,
+        };
+        Ok(Model {
+            files,
+            pte_layout,
+            ptd_blobs,
+        })
+    }
+
+    /// Opens the same files again (after a commit rewrote one of them).
+    pub fn reopen(&self) -> Result<Model, FormatError> {
+        let paths = self.paths();
+        Model::open(&paths[0], &paths[1..])
+    }
+
+    /// The paths of the files, in their order.
+    pub fn paths(&self) -> Vec<PathBuf> {
+        self.files.iter().map(|f| f.path.clone()).collect()
+    }
+
+    pub fn pte(&self) -> Option<&Pte> {
+        match &self.files[0].kind {
+            Kind::Pte(p) => Some(p),
+            Kind::Ptd(_) => None,
+        }
+    }
+
+    pub fn ptd(&self, file: FileIndex) -> Option<&Ptd> {
+        match &self.files.get(file)?.kind {
+            Kind::Ptd(p) => Some(p),
+            Kind::Pte(_) => None,
+        }
+    }
+
+    /// Keys of the named blobs of file `file`, in table order.
+    pub fn named_data_keys(&self, file: FileIndex) -> Vec<&str> {
+        match &self.files[file].kind {
+            Kind::Pte(p) => p
+                .program
+                .named_data
+                .iter()
+                .flatten()
+                .map(|n| n.key.as_deref().unwrap_or_default())
+                .collect(),
+            Kind::Ptd(_) => self.ptd_blobs[file]
+                .iter()
+                .flatten()
+                .map(|b| b.key.as_str())
+                .collect(),
+        }
     }
 }

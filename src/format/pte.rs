@@ -60,11 +60,10 @@ pub fn describe_verifier_error(what: &str, err: &flatbuffers::InvalidFlatbuffer)
     FormatError::new(format!("{what} fails FlatBuffers verification: {text}"))
 }
 
+/// Where a vector the verifier accepted lies inside `base`.
 fn vector_range(base: &[u8], data: &[u8]) -> ByteRange {
-    ByteRange {
-        start: (data.as_ptr() as usize - base.as_ptr() as usize) as u64,
-        len: data.len() as u64,
-    }
+    let start = (data.as_ptr() as usize - base.as_ptr() as usize) as u64;
+    ByteRange::new(start, data.len() as u64).expect("a slice of the file ends inside it")
 }
 
 pub fn parse_pte(bytes: &[u8]) -> Result<Pte, FormatError> {
@@ -96,7 +95,7 @@ pub fn parse_pte(bytes: &[u8]) -> Result<Pte, FormatError> {
         }
         segment_tables = Some(segs.iter().map(|s| s.unpack()).collect());
     }
-    if !segments.is_empty() && segments.iter().any(|s| s.len > 0) && header.extended.is_none() {
+    if !segments.is_empty() && segments.iter().any(|s| !s.is_empty()) && header.extended.is_none() {
         return Err(FormatError::mismatch(
             "segment data",
             "byte 8",

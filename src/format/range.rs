@@ -3,16 +3,43 @@
 use super::FormatError;
 
 /// A byte range `[start, start + len)` inside a file, known to lie within it.
+///
+/// Invariant: `start + len` does not overflow: ranges are made only by `checked_range`,
+/// `ByteRange::new` (which checks it) and `prefix` (which shortens one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct ByteRange {
-    pub start: u64,
-    pub len: u64,
+    start: u64,
+    len: u64,
 }
 
 impl ByteRange {
+    /// `[start, start + len)`, or None when its end overflows.
+    pub fn new(start: u64, len: u64) -> Option<ByteRange> {
+        start.checked_add(len).map(|_| ByteRange { start, len })
+    }
+
+    pub fn start(&self) -> u64 {
+        self.start
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     pub fn end(&self) -> u64 {
-        // Cannot overflow: constructed only through `checked_range`.
         self.start + self.len
+    }
+
+    /// The first `len` bytes of this range (all of it when it is shorter).
+    pub fn prefix(&self, len: u64) -> ByteRange {
+        ByteRange {
+            start: self.start,
+            len: len.min(self.len),
+        }
     }
 
     pub fn as_usize(&self) -> std::ops::Range<usize> {
@@ -22,11 +49,7 @@ impl ByteRange {
 
 /// `base + offset .. + len`, checked for overflow and against `limit` (exclusive end bound).
 pub fn checked_range(
-    what: &str,
-    base: u64,
-    offset: u64,
-    len: u64,
-    limit: u64,
+    what: &str, base: u64, offset: u64, len: u64, limit: u64,
 ) -> Result<ByteRange, FormatError> {
     let start = base.checked_add(offset).ok_or_else(|| {
         FormatError::new(format!(

@@ -29,8 +29,7 @@ impl<const A: usize> Push for AlignedByte<A> {
 }
 
 fn aligned_vector_const<'b, const A: usize>(
-    fbb: &mut FlatBufferBuilder<'b>,
-    data: &[u8],
+    fbb: &mut FlatBufferBuilder<'b>, data: &[u8],
 ) -> WIPOffset<flatbuffers::Vector<'b, u8>> {
     let items: Vec<AlignedByte<A>> = data.iter().map(|&b| AlignedByte(b)).collect();
     fbb.create_vector(&items)
@@ -38,9 +37,7 @@ fn aligned_vector_const<'b, const A: usize>(
 
 /// A `[ubyte]` vector whose first byte is aligned to `alignment` (a power of two ≤ 4096).
 fn aligned_vector<'b>(
-    fbb: &mut FlatBufferBuilder<'b>,
-    data: &[u8],
-    alignment: u64,
+    fbb: &mut FlatBufferBuilder<'b>, data: &[u8], alignment: u64,
 ) -> WIPOffset<flatbuffers::Vector<'b, u8>> {
     match alignment {
         0..=16 => aligned_vector_const::<16>(fbb, data),
@@ -145,10 +142,7 @@ fn splice(fb: &[u8], header: &[u8]) -> Vec<u8> {
 /// `segment_base_offset`. Without segment bytes and `with_header == false`, the bare
 /// flatbuffer, as ExecuTorch writes it.
 pub fn pte_program_region(
-    fb: &[u8],
-    max_alignment: u64,
-    segment_alignment: u64,
-    segment_data_size: u64,
+    fb: &[u8], max_alignment: u64, segment_alignment: u64, segment_data_size: u64,
     with_header: bool,
 ) -> (Vec<u8>, u64) {
     if !with_header && segment_data_size == 0 {
@@ -168,9 +162,7 @@ pub fn pte_program_region(
 
 /// The flatbuffer region of a `.ptd` (with `FH01` spliced in) and its `segment_base_offset`.
 pub fn ptd_program_region(
-    fb: &[u8],
-    segment_alignment: u64,
-    segment_data_size: u64,
+    fb: &[u8], segment_alignment: u64, segment_data_size: u64,
 ) -> (Vec<u8>, u64) {
     let padded = align_up(PTD_EXTENDED_LEN as u64, 16).expect("small");
     let end = padded + fb.len() as u64;

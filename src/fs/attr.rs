@@ -2,7 +2,8 @@
 
 use std::time::SystemTime;
 
-use super::{Fs, FsError, FsResult};
+use super::Fs;
+use crate::error::{Error, Result};
 use crate::tree::{Content, Ino, Tree};
 
 /// `st_blksize`: large, so that tools read in big chunks.
@@ -44,13 +45,13 @@ pub fn dir_is_writable(tree: &Tree, ino: Ino) -> bool {
 }
 
 impl Fs {
-    pub(super) fn attr_in(&self, tree: &Tree, ino: Ino) -> FsResult<Attr> {
-        if super::is_scratch(ino) {
-            return self.scratch_attr(ino);
+    pub(super) fn attr_in(&self, tree: &Tree, ino: Ino) -> Result<Attr> {
+        if let Some(size) = self.scratch.size(ino) {
+            return Ok(self.scratch_attr(ino, size));
         }
         let node = tree
             .node(ino)
-            .ok_or_else(|| FsError::not_found(format!("inode {ino}")))?;
+            .ok_or_else(|| Error::not_found(format!("inode {ino}")))?;
         let id = self.identity();
         let writable = !self.options.read_only;
         let (kind, perm, nlink) = match &node.content {
@@ -77,7 +78,7 @@ impl Fs {
         };
         Ok(Attr {
             ino,
-            size: self.staged_size(ino).unwrap_or_else(|| tree.size(ino)),
+            size: self.staging.size(ino).unwrap_or_else(|| tree.size(ino)),
             kind,
             perm,
             nlink,
@@ -88,5 +89,23 @@ impl Fs {
             ctime: id.ctime,
             blksize: BLOCK_SIZE,
         })
+    }
+
+    /// A scratch file: an editor's, shown writable by the model file's owner.
+    fn scratch_attr(&self, ino: Ino, size: u64) -> Attr {
+        let id = self.identity();
+        Attr {
+            ino,
+            size,
+            kind: FileType::RegularFile,
+            perm: 0o644,
+            nlink: 1,
+            uid: id.uid,
+            gid: id.gid,
+            atime: id.atime,
+            mtime: id.mtime,
+            ctime: id.ctime,
+            blksize: BLOCK_SIZE,
+        }
     }
 }

@@ -1,64 +1,95 @@
 //! The filesystem without FUSE: every operation the kernel can ask for, answered from the
-//! current `Tree`, with errors as errno values. `crate::fuse` only translates.
+//! current `Tree`, with errors as errno values, and every decision about caching, handles and
+//! permissions made here. `crate::fuse` only translates.
 //!
 //! Invariants: a request works on one snapshot (`Arc<Tree>`) from start to end, so a reader
 //! sees the old or the new file after a commit, never a mix; nothing the kernel sends can make
 //! an operation panic (unknown inodes and handles are `ENOENT`/`EBADF`); reads never touch a
-//! mapped byte beyond the backing file's current size.
+//! mapped byte beyond the backing file's current size; what the kernel must forget after a
+//! commit is sent through the `Invalidator` once the operation holds no lock.
 
 mod attr;
+mod commit;
+mod dirs;
+mod handles;
+mod invalidate;
 mod read;
+mod scratch;
+mod staging;
 mod write;
 
-pub use attr::{Attr, FileType};
+pub use attr::{Attr, FileType, BLOCK_SIZE};
+pub use dirs::DirEntry;
+pub use invalidate::{Invalidator, NoInvalidation};
 pub use read::ReadData;
-pub use write::{is_scratch, Invalidate, SetAttr, SCRATCH_BASE};
+pub use write::{RenameMode, SetAttr};
 
 use std::sync::{Arc, RwLock};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
+use crate::error::{Error, Result};
 use crate::tree::{Ino, Tree};
 
-/// An errno with the reason, for the log and for offline commands.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FsError {
-    pub errno: i32,
-    pub message: String,
-}
+/// How long the kernel may cache names and attributes. The daemon is the only writer and
+/// invalidates what a commit changes, so this can be long.
+pub const TTL: Duration = Duration::from_secs(3600);
 
-impl FsError {
-    pub fn new(errno: i32, message: impl Into<String>) -> Self {
-        FsError {
-            errno,
-            message: message.into(),
-        }
-    }
-
-    pub fn not_found(what: impl std::fmt::Display) -> Self {
-        FsError::new(libc::ENOENT, format!("{what}: no such file or directory"))
-    }
-}
-
-impl std::fmt::Display for FsError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for FsError {}
-
-pub type FsResult<T> = Result<T, FsError>;
+/// The longest name a directory entry can carry (`NAME_MAX`).
+pub const NAME_MAX: u32 = 255;
 
 #[derive(Debug, Clone, Copy)]
 pub struct Options {
     pub read_only: bool,
 }
 
-/// Ownership and times shown for every node: those of the mounted file.
+/// What a lookup tells the kernel: the node's attributes, or (`None`) that the name does not
+/// exist, and how long it may remember either. Names appear only through this mount, and the
+/// kernel drops a negative entry when one is created, so negative entries are cached too.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry {
+    pub attr: Option<Attr>,
+    pub ttl: Duration,
+}
+
+/// An open file or directory handle and how the kernel should cache its pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Opened {
+    pub fh: u64,
+    /// Keep cached pages from earlier opens (the tree's bytes change only at a commit, which
+    /// drops them).
+    pub keep_cache: bool,
+    /// Bypass the page cache: a writer's staged bytes must not reach other readers through
+    /// the kernel's cache before they are committed.
+    pub direct_io: bool,
+    /// For directories: the kernel may cache the listing.
+    pub cache_dir: bool,
+}
+
+/// `statfs`, in the units the kernel wants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatFs {
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub bsize: u32,
+    pub namelen: u32,
+    pub frsize: u32,
+}
+
+/// `access(2)` bits.
+pub const R_OK: i32 = 4;
+pub const W_OK: i32 = 2;
+pub const X_OK: i32 = 1;
+
+/// Ownership, mode and times shown for every node: those of the mounted file.
 #[derive(Debug, Clone, Copy)]
 pub struct Identity {
     pub uid: u32,
     pub gid: u32,
+    /// The model file's permission bits; nodes never show more than these allow.
+    pub mode: u32,
     pub atime: SystemTime,
     pub mtime: SystemTime,
     pub ctime: SystemTime,
@@ -79,9 +110,22 @@ impl Identity {
         Identity {
             uid: meta.uid(),
             gid: meta.gid(),
+            mode: meta.mode() & 0o7777,
             atime: at(meta.atime(), meta.atime_nsec()),
             mtime: at(meta.mtime(), meta.mtime_nsec()),
             ctime: at(meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+
+    /// For models held in memory (tests): root's, readable and writable by its owner.
+    fn unknown() -> Identity {
+        Identity {
+            uid: 0,
+            gid: 0,
+            mode: 0o644,
+            atime: SystemTime::UNIX_EPOCH,
+            mtime: SystemTime::UNIX_EPOCH,
+            ctime: SystemTime::UNIX_EPOCH,
         }
     }
 }
@@ -90,32 +134,42 @@ pub struct Fs {
     tree: RwLock<Arc<Tree>>,
     identity: RwLock<Identity>,
     pub options: Options,
-    writes: write::WriteState,
+    handles: handles::Handles,
+    staging: staging::Staging,
+    scratch: scratch::ScratchFiles,
+    dirs: dirs::DirHandles,
+    invalidator: Arc<dyn Invalidator>,
     /// Held for reading while mapped bytes are handed out, for writing while a commit
     /// changes them in place, so no reply mixes old and new bytes.
     gate: RwLock<()>,
+    /// One commit at a time.
+    commit_lock: std::sync::Mutex<()>,
 }
 
 impl Fs {
+    /// A filesystem whose commits need no cache invalidation (offline commands, tests).
     pub fn new(tree: Tree, options: Options) -> Fs {
+        Fs::with_invalidator(tree, options, Arc::new(NoInvalidation))
+    }
+
+    pub fn with_invalidator(tree: Tree, options: Options, invalidator: Arc<dyn Invalidator>) -> Fs {
         let identity = tree.model.files[0]
             .file
             .as_ref()
             .and_then(|f| f.metadata().ok())
             .map(|m| Identity::of(&m))
-            .unwrap_or(Identity {
-                uid: 0,
-                gid: 0,
-                atime: SystemTime::UNIX_EPOCH,
-                mtime: SystemTime::UNIX_EPOCH,
-                ctime: SystemTime::UNIX_EPOCH,
-            });
+            .unwrap_or_else(Identity::unknown);
         Fs {
             tree: RwLock::new(Arc::new(tree)),
             identity: RwLock::new(identity),
             options,
-            writes: write::WriteState::default(),
+            handles: Default::default(),
+            staging: Default::default(),
+            scratch: Default::default(),
+            dirs: Default::default(),
+            invalidator,
             gate: RwLock::new(()),
+            commit_lock: Default::default(),
         }
     }
 
@@ -125,7 +179,7 @@ impl Fs {
     }
 
     /// Replaces the snapshot after a commit.
-    pub fn replace_tree(&self, tree: Tree) {
+    fn replace_tree(&self, tree: Tree) {
         let old = std::mem::replace(
             &mut *self.tree.write().unwrap_or_else(|e| e.into_inner()),
             Arc::new(tree),
@@ -140,7 +194,7 @@ impl Fs {
     }
 
     /// Takes the model file's times again, after a commit changed them.
-    pub(crate) fn refresh_identity(&self) {
+    fn refresh_identity(&self) {
         let tree = self.tree();
         if let Some(meta) = tree.model.files[0]
             .file
@@ -155,103 +209,198 @@ impl Fs {
         *self.identity.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn lookup(&self, parent: Ino, name: &str) -> FsResult<Attr> {
+    fn read_only_error() -> Error {
+        Error::new(libc::EROFS, "the mount is read-only")
+    }
+
+    /// The refusal of an operation the tree has no use for (mknod, mkdir, symlink, link,
+    /// rmdir): the tree's shape is the model's.
+    pub fn unsupported(&self, op: &str) -> Error {
+        if self.options.read_only {
+            Fs::read_only_error()
+        } else {
+            Error::new(
+                libc::EPERM,
+                format!("{op}: not supported in a ptefs tree (its shape is the model's)"),
+            )
+        }
+    }
+
+    /// Attributes of a name in a directory, or ENOENT.
+    pub fn lookup(&self, parent: Ino, name: &str) -> Result<Attr> {
         let tree = self.tree();
         if tree.children(parent).is_none() {
             return Err(match tree.node(parent) {
-                Some(_) => {
-                    FsError::new(libc::ENOTDIR, format!("inode {parent} is not a directory"))
-                }
-                None => FsError::not_found(format!("inode {parent}")),
+                Some(_) => Error::new(libc::ENOTDIR, format!("inode {parent} is not a directory")),
+                None => Error::not_found(format!("inode {parent}")),
             });
         }
         let ino = tree
             .lookup(parent, name)
-            .or_else(|| self.scratch_lookup(parent, name))
-            .ok_or_else(|| FsError::not_found(format!("{}/{name}", tree.path(parent))))?;
+            .or_else(|| self.scratch.lookup(parent, name))
+            .ok_or_else(|| Error::not_found(format!("{}/{name}", tree.path(parent))))?;
         self.attr_in(&tree, ino)
     }
 
-    pub fn getattr(&self, ino: Ino) -> FsResult<Attr> {
-        self.attr_in(&self.tree(), self.resolve(ino))
+    /// A lookup as the kernel wants it: a missing name is a negative entry, not an error.
+    pub fn lookup_entry(&self, parent: Ino, name: &str) -> Result<Entry> {
+        match self.lookup(parent, name) {
+            Ok(attr) => Ok(Entry {
+                attr: Some(attr),
+                ttl: TTL,
+            }),
+            Err(e) if e.errno() == libc::ENOENT => Ok(Entry {
+                attr: None,
+                ttl: TTL,
+            }),
+            Err(e) => Err(e),
+        }
     }
 
-    /// Directory entries with their attributes, `.` and `..` first.
-    pub fn readdir(&self, ino: Ino) -> FsResult<Vec<(String, Attr)>> {
-        let tree = self.tree();
-        let children = tree.children(ino).ok_or_else(|| match tree.node(ino) {
-            Some(_) => FsError::new(
-                libc::ENOTDIR,
-                format!("{} is not a directory", tree.path(ino)),
-            ),
-            None => FsError::not_found(format!("inode {ino}")),
-        })?;
-        let mut out = Vec::with_capacity(children.len() + 2);
-        out.push((".".to_string(), self.attr_in(&tree, ino)?));
-        let parent = tree.node(ino).map_or(ino, |n| n.parent);
-        out.push(("..".to_string(), self.attr_in(&tree, parent)?));
-        for &c in children {
-            out.push((
-                tree.nodes[(c - 1) as usize].name.clone(),
-                self.attr_in(&tree, c)?,
-            ));
-        }
-        for (name, s) in self.scratch_entries(ino) {
-            if let Ok(a) = self.attr_in(&tree, s) {
-                out.push((name, a));
-            }
-        }
-        Ok(out)
+    pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+        self.attr_in(&self.tree(), self.canonical_ino(ino))
     }
 
     /// A read as an owned value (offline commands, tests). The mount uses `read_with`.
-    pub fn read(&self, ino: Ino, offset: u64, size: u32) -> FsResult<ReadData> {
-        let ino = self.resolve(ino);
+    pub fn read(&self, ino: Ino, offset: u64, size: u32) -> Result<ReadData> {
+        let ino = self.canonical_ino(ino);
         let tree = self.tree();
-        if let Some(staged) = self.staged_read(&tree, ino, offset, size) {
-            return Ok(staged);
+        if let Some(bytes) = self.scratch.read(ino, offset, size) {
+            return Ok(ReadData::owned(tree, bytes));
+        }
+        if let Some(bytes) = self.staging.read(ino, offset, size) {
+            return Ok(ReadData::owned(tree, bytes));
         }
         read::read(tree, ino, offset, size)
     }
 
-    /// Hands `reply` the bytes of a read while no commit can change them.
+    /// Hands `reply` the bytes of a read while no commit can change them, after asking the
+    /// kernel to bring what follows into the page cache.
     pub fn read_with<R>(
-        &self,
-        ino: Ino,
-        offset: u64,
-        size: u32,
-        reply: impl FnOnce(&[u8]) -> R,
-    ) -> FsResult<R> {
+        &self, ino: Ino, offset: u64, size: u32, reply: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R> {
+        read::read_ahead(&self.tree(), self.canonical_ino(ino), offset, size);
         let _gate = self.gate.read().unwrap_or_else(|e| e.into_inner());
         let data = self.read(ino, offset, size)?;
         Ok(reply(data.bytes()))
     }
 
+    /// `statfs`: the model's bytes and nodes, nothing free.
+    pub fn statfs(&self) -> StatFs {
+        const FRSIZE: u64 = 4096;
+        let tree = self.tree();
+        let bytes: u64 = tree
+            .model
+            .files
+            .iter()
+            .map(|f| f.bytes().len() as u64)
+            .sum();
+        StatFs {
+            blocks: bytes.div_ceil(FRSIZE),
+            bfree: 0,
+            bavail: 0,
+            files: tree.nodes.len() as u64,
+            ffree: 0,
+            bsize: BLOCK_SIZE,
+            namelen: NAME_MAX,
+            frsize: FRSIZE as u32,
+        }
+    }
+
+    /// `access(2)`: the mode bits tell the truth about what this mount allows.
+    pub fn access(&self, ino: Ino, mask: i32) -> Result<()> {
+        let a = self.getattr(ino)?;
+        if mask & W_OK != 0 && a.perm & 0o200 == 0 {
+            return Err(if self.options.read_only {
+                Fs::read_only_error()
+            } else {
+                Error::new(
+                    libc::EACCES,
+                    format!("{}: read-only", self.tree().path(self.canonical_ino(ino))),
+                )
+            });
+        }
+        if mask & X_OK != 0 && a.perm & 0o100 == 0 {
+            return Err(Error::new(
+                libc::EACCES,
+                format!(
+                    "{}: not executable",
+                    self.tree().path(self.canonical_ino(ino))
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The `user.ptefs.*` attributes of a node; scratch files have none.
-    fn xattrs(&self, ino: Ino) -> FsResult<Vec<(String, String)>> {
-        let ino = self.resolve(ino);
-        if is_scratch(ino) {
-            return self.getattr(ino).map(|_| Vec::new());
+    fn xattrs(&self, ino: Ino) -> Result<Vec<(String, String)>> {
+        let ino = self.canonical_ino(ino);
+        if self.scratch.contains(ino) {
+            return Ok(Vec::new());
         }
         let tree = self.tree();
         if tree.node(ino).is_none() {
-            return Err(FsError::not_found(format!("inode {ino}")));
+            return Err(Error::not_found(format!("inode {ino}")));
         }
         Ok(tree.xattrs(ino))
     }
 
-    pub fn listxattr(&self, ino: Ino) -> FsResult<Vec<String>> {
+    pub fn listxattr(&self, ino: Ino) -> Result<Vec<String>> {
         Ok(self.xattrs(ino)?.into_iter().map(|(k, _)| k).collect())
     }
 
-    pub fn getxattr(&self, ino: Ino, name: &str) -> FsResult<Vec<u8>> {
+    /// Only the `user.` namespace exists here. ENOTSUP (not ENODATA) for the others lets
+    /// `ls -l` remember that this filesystem has no SELinux labels or ACLs, instead of asking
+    /// twice per file.
+    pub fn getxattr(&self, ino: Ino, name: &str) -> Result<Vec<u8>> {
+        if !name.starts_with("user.") {
+            return Err(Error::new(
+                libc::ENOTSUP,
+                format!("{name}: only user.* attributes exist here"),
+            ));
+        }
         self.xattrs(ino)?
             .into_iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.into_bytes())
             .ok_or_else(|| {
-                let path = self.tree().path(self.resolve(ino));
-                FsError::new(libc::ENODATA, format!("{path}: no attribute {name}"))
+                let path = self.tree().path(self.canonical_ino(ino));
+                Error::new(libc::ENODATA, format!("{path}: no attribute {name}"))
             })
+    }
+
+    /// The `user.ptefs.*` attributes describe the model and cannot be set; there is nowhere
+    /// to keep others.
+    pub fn setxattr(&self, ino: Ino, name: &str) -> Result<()> {
+        self.getattr(ino)?;
+        if self.options.read_only {
+            return Err(Fs::read_only_error());
+        }
+        if name.starts_with("user.ptefs.") {
+            Err(Error::new(
+                libc::EPERM,
+                format!("{name} describes the model and cannot be changed"),
+            ))
+        } else {
+            Err(Error::new(
+                libc::ENOTSUP,
+                format!("{name}: this tree keeps no attributes of its own"),
+            ))
+        }
+    }
+
+    pub fn removexattr(&self, ino: Ino, name: &str) -> Result<()> {
+        self.getattr(ino)?;
+        if self.options.read_only {
+            return Err(Fs::read_only_error());
+        }
+        if name.starts_with("user.ptefs.") {
+            Err(Error::new(
+                libc::EPERM,
+                format!("{name} describes the model and cannot be removed"),
+            ))
+        } else {
+            Err(Error::new(libc::ENODATA, format!("no attribute {name}")))
+        }
     }
 }

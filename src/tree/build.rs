@@ -1,134 +1,16 @@
-//! Builds a `Model` from files on disk and the `Tree` that shows it (DESIGN.md §2.1, §2.2).
+//! Builds the `Tree` that shows a `Model` (DESIGN.md §2.1, §2.2).
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
-use super::{names, npy, Content, Ino, Model, Node, TextKind, Tree, WriteTarget, ROOT};
-use crate::format::layout::{
-    resolve_ptd, resolve_pte, FileIndex, Location, TensorData, TensorShape,
-};
-use crate::format::{scalar_type, FormatError, Kind, ModelFile};
+use super::{names, Content, Ino, Names, Node, TextKind, Tree, ROOT};
+use crate::format::layout::{FileIndex, Location, TensorData, TensorShape};
+use crate::format::{npy, scalar_type, Kind, Model, WriteTarget};
 
-impl Model {
-    /// Opens the mounted file and its attached `.ptd` files and resolves every byte range.
-    pub fn open(path: &Path, data: &[impl AsRef<Path>]) -> Result<Model, FormatError> {
-        let mut files = vec![ModelFile::open(path)?];
-        for d in data {
-            files.push(ModelFile::open(d.as_ref())?);
-        }
-        Model::from_files(files)
-    }
-
-    pub fn from_files(files: Vec<ModelFile>) -> Result<Model, FormatError> {
-        if files.len() > 1 {
-            if let Kind::Ptd(_) = files[0].kind {
-                return Err(FormatError::new(format!(
-                    "{}: --data attaches .ptd files to a .pte, but this file is a .ptd",
-                    files[0].path.display()
-                )));
-            }
-        }
-        for f in &files[1..] {
-            if let Kind::Pte(_) = f.kind {
-                return Err(FormatError::mismatch(
-                    "--data file",
-                    f.path.display(),
-                    "a .ptd (identifier FT01)",
-                    "a .pte (identifier ET12)",
-                ));
-            }
-        }
-        let ptd_blobs: Vec<_> = files
-            .iter()
-            .enumerate()
-            .map(|(i, f)| match &f.kind {
-                Kind::Ptd(p) => Some(resolve_ptd(p, i)),
-                Kind::Pte(_) => None,
-            })
-            .collect();
-        let pte_layout = match &files[0].kind {
-            Kind::Pte(pte) => {
-                let data: Vec<_> = files[1..]
-                    .iter()
-                    .filter_map(|f| match &f.kind {
-                        Kind::Ptd(p) => Some(&**p),
-                        Kind::Pte(_) => None,
-                    })
-                    .collect();
-                Some(resolve_pte(pte, &data))
-            }
-            Kind::Ptd(_) => None,
-        };
-        Ok(Model {
-            files,
-            pte_layout,
-            ptd_blobs,
-            aliases: OnceLock::new(),
-            plan_names: OnceLock::new(),
-        })
-    }
-
-    /// Paths that show each byte range, for the `aliases` of the JSON files.
-    pub fn aliases(&self) -> &HashMap<Location, Vec<String>> {
-        self.aliases.get_or_init(|| collect_aliases(self))
-    }
-
-    /// Names of the plans' directories, deduplicated. Computed once: every value's JSON
-    /// names its own path.
-    pub fn plan_names(&self) -> &[String] {
-        self.plan_names.get_or_init(|| {
-            let plans = self
-                .pte()
-                .and_then(|p| p.program.execution_plan.as_ref())
-                .map(|v| v.as_slice())
-                .unwrap_or_default();
-            names::dedupe(
-                plans
-                    .iter()
-                    .map(|p| names::encode(p.name.as_deref().unwrap_or(""))),
-            )
-        })
-    }
-
-    /// Names of the `data/` subdirectories, deduplicated.
-    pub fn data_names(&self) -> Vec<String> {
-        names::dedupe(self.files[1..].iter().map(|f| names::encode(&f.stem())))
-    }
-
-    /// Base names (without extension) of the named blobs of file `file`.
-    pub fn named_data_names(&self, file: FileIndex) -> Vec<String> {
-        let keys: Vec<String> = match &self.files[file].kind {
-            Kind::Pte(p) => p
-                .program
-                .named_data
-                .iter()
-                .flatten()
-                .map(|n| n.key.clone().unwrap_or_default())
-                .collect(),
-            Kind::Ptd(_) => self.ptd_blobs[file]
-                .iter()
-                .flatten()
-                .map(|b| b.key.clone())
-                .collect(),
-        };
-        names::dedupe(keys.iter().map(|k| names::encode(k)))
-    }
-
-    /// The prefix of a file's subtree: "" for the mounted file, "data/<stem>/" for a `.ptd`.
-    pub fn file_prefix(&self, file: FileIndex) -> String {
-        if file == 0 {
-            String::new()
-        } else {
-            format!("data/{}/", self.data_names()[file - 1])
-        }
-    }
-}
-
-fn collect_aliases(model: &Model) -> HashMap<Location, Vec<String>> {
+pub(super) fn collect_aliases(model: &Model, names: &Names) -> HashMap<Location, Vec<String>> {
     let mut map: HashMap<Location, Vec<String>> = HashMap::new();
     if let Some(layout) = &model.pte_layout {
-        let plan_names = model.plan_names();
+        let plan_names = &names.plans;
         for (p, plan) in layout.plans.iter().enumerate() {
             for (i, t) in plan.tensors.iter().enumerate() {
                 if let Some(loc) = t.as_ref().and_then(|t| t.location) {
@@ -140,16 +22,13 @@ fn collect_aliases(model: &Model) -> HashMap<Location, Vec<String>> {
         }
     }
     for (file, blobs) in model.ptd_blobs.iter().enumerate() {
-        let names = match blobs {
-            Some(_) => model.named_data_names(file),
-            None => continue,
-        };
-        let prefix = model.file_prefix(file);
-        for (k, b) in blobs.iter().flatten().enumerate() {
+        let Some(blobs) = blobs else { continue };
+        let prefix = names.file_prefix(file);
+        for (k, b) in blobs.iter().enumerate() {
             if let Ok(loc) = b.location {
                 map.entry(loc)
                     .or_default()
-                    .push(format!("{prefix}named_data/{}", names[k]));
+                    .push(format!("{prefix}named_data/{}", names.named_data[file][k]));
             }
         }
     }
@@ -208,7 +87,7 @@ impl Builder {
     }
 
     /// Sorts the children of every directory by name, except those already in order.
-    fn finish(mut self, model: Arc<Model>) -> Tree {
+    fn finish(mut self, model: Arc<Model>, names: Names) -> Tree {
         for &(dir, ordered) in &self.dirs {
             let i = (dir - 1) as usize;
             if ordered {
@@ -229,6 +108,8 @@ impl Builder {
         Tree {
             model,
             nodes: self.nodes,
+            names,
+            aliases: OnceLock::new(),
         }
     }
 }
@@ -286,10 +167,7 @@ fn node(parent: Ino, name: String, content: Content, write: Option<WriteTarget>)
 
 /// The `<base>.bin` and, when NumPy can describe it, `<base>.npy` of a tensor's bytes.
 fn tensor_nodes(
-    dir: Ino,
-    base: &str,
-    loc: Location,
-    shape: &Arc<TensorShape>,
+    dir: Ino, base: &str, loc: Location, shape: &Arc<TensorShape>,
 ) -> (Node, Option<Node>) {
     let bin = node(
         dir,
@@ -325,10 +203,7 @@ fn npy_header(shape: &TensorShape) -> Option<Vec<u8>> {
 }
 
 fn add_segments(
-    b: &mut Builder,
-    parent: Ino,
-    file: FileIndex,
-    segments: &[crate::format::range::ByteRange],
+    b: &mut Builder, parent: Ino, file: FileIndex, segments: &[crate::format::range::ByteRange],
 ) {
     let dir = b.dir(parent, "segments");
     for (n, r) in segments.iter().enumerate() {
@@ -343,12 +218,12 @@ fn add_segments(
     }
 }
 
-fn add_ptd(b: &mut Builder, model: &Model, root: Ino, file: FileIndex) {
+fn add_ptd(b: &mut Builder, model: &Model, names: &Names, root: Ino, file: FileIndex) {
     let ptd = model.ptd(file).expect("a .ptd");
     b.text(root, "header.json", TextKind::HeaderJson(file));
     b.text(root, "flat_tensor.json", TextKind::FlatTensorJson(file));
     let nd_dir = b.dir(root, "named_data");
-    let names = model.named_data_names(file);
+    let names = &names.named_data[file];
     for (k, blob) in model.ptd_blobs[file].iter().flatten().enumerate() {
         let base = &names[k];
         b.push(
@@ -415,13 +290,13 @@ fn add_values(b: &mut Builder, plan_dir: Ino, p: usize, tensors: &[Option<Tensor
     b.set_children(values, children);
 }
 
-fn add_pte(b: &mut Builder, model: &Model, root: Ino) {
+fn add_pte(b: &mut Builder, model: &Model, names: &Names, root: Ino) {
     let pte = model.pte().expect("a .pte");
     let layout = model.pte_layout.as_ref().expect("a resolved .pte");
     b.text(root, "header.json", TextKind::HeaderJson(0));
     b.text(root, "program.json", TextKind::ProgramJson);
     let plans_dir = b.dir(root, "plans");
-    for (p, name) in model.plan_names().iter().enumerate() {
+    for (p, name) in names.plans.iter().enumerate() {
         let plan_dir = b.dir(plans_dir, name);
         b.text(plan_dir, "plan.json", TextKind::PlanJson(p));
         b.text(plan_dir, "operators.txt", TextKind::Operators(p));
@@ -442,15 +317,19 @@ fn add_pte(b: &mut Builder, model: &Model, root: Ino) {
         }
     }
     let nd_dir = b.dir(root, "named_data");
-    let names = model.named_data_names(0);
+    let nd_names = &names.named_data[0];
     for (k, loc) in layout.named_data.iter().enumerate() {
         b.push(
             nd_dir,
-            file_name(&names[k], ".json"),
+            file_name(&nd_names[k], ".json"),
             text(TextKind::NamedDataJson(0, k)),
         );
         if let Ok(loc) = loc {
-            let ino = b.push(nd_dir, file_name(&names[k], ".bin"), Content::Range(*loc));
+            let ino = b.push(
+                nd_dir,
+                file_name(&nd_names[k], ".bin"),
+                Content::Range(*loc),
+            );
             let node = b.node_mut(ino);
             node.write = Some(WriteTarget::Blob {
                 file: 0,
@@ -461,9 +340,9 @@ fn add_pte(b: &mut Builder, model: &Model, root: Ino) {
     add_segments(b, root, 0, &pte.segments);
     if model.files.len() > 1 {
         let data = b.dir(root, "data");
-        for (k, name) in model.data_names().iter().enumerate() {
+        for (k, name) in names.data.iter().enumerate() {
             let sub = b.dir(data, name);
-            add_ptd(b, model, sub, k + 1);
+            add_ptd(b, model, names, sub, k + 1);
         }
     }
 }
@@ -500,11 +379,12 @@ impl Tree {
             nodes,
             dirs: vec![(ROOT, false)],
         };
+        let names = Names::of(&model);
         match &model.files[0].kind {
-            Kind::Pte(_) => add_pte(&mut b, &model, ROOT),
-            Kind::Ptd(_) => add_ptd(&mut b, &model, ROOT, 0),
+            Kind::Pte(_) => add_pte(&mut b, &model, &names, ROOT),
+            Kind::Ptd(_) => add_ptd(&mut b, &model, &names, ROOT, 0),
         }
-        b.finish(model)
+        b.finish(model, names)
     }
 }
 

@@ -8,41 +8,18 @@
 
 pub mod build;
 pub mod names;
-pub mod npy;
 pub mod render;
 
+use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
-use crate::format::layout::{FileIndex, Location, NamedBlob, PteLayout, TensorShape};
-use crate::format::{Kind, ModelFile};
+use crate::format::layout::{FileIndex, Location, TensorShape};
+use crate::format::{Model, WriteTarget};
+
+pub use names::Names;
 
 pub type Ino = u64;
 pub const ROOT: Ino = 1;
-
-/// What a write to a file means for the model (DESIGN.md §3).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WriteTarget {
-    /// Raw tensor bytes: exactly `nbytes`, written at `location`.
-    TensorBin {
-        location: Location,
-        shape: Arc<TensorShape>,
-    },
-    /// A `.npy` of a tensor: same dtype and shape; the data part goes to `location`.
-    TensorNpy {
-        location: Location,
-        shape: Arc<TensorShape>,
-    },
-    /// A named blob without tensor layout: any size.
-    Blob { file: FileIndex, named_index: usize },
-    /// A delegate payload: any size.
-    DelegatePayload { plan: usize, delegate: usize },
-    /// `segments/<n>`: same size, in place.
-    Segment {
-        file: FileIndex,
-        index: usize,
-        location: Location,
-    },
-}
 
 /// Generated text files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,38 +65,13 @@ impl Node {
     }
 }
 
-/// The parsed files a tree shows, and where their bytes are.
-pub struct Model {
-    /// Index 0 is the mounted file; 1.. the attached `.ptd` files.
-    pub files: Vec<ModelFile>,
-    pub pte_layout: Option<PteLayout>,
-    /// Named blobs of each `.ptd` among `files` (None for the `.pte`).
-    pub ptd_blobs: Vec<Option<Vec<NamedBlob>>>,
-    /// Paths that expose each tensor byte range, for `aliases` in the JSON; built on first use.
-    pub(crate) aliases: OnceLock<std::collections::HashMap<Location, Vec<String>>>,
-    /// Directory names of the plans; built on first use.
-    pub(crate) plan_names: OnceLock<Vec<String>>,
-}
-
-impl Model {
-    pub fn pte(&self) -> Option<&crate::format::pte::Pte> {
-        match &self.files[0].kind {
-            Kind::Pte(p) => Some(p),
-            Kind::Ptd(_) => None,
-        }
-    }
-
-    pub fn ptd(&self, file: FileIndex) -> Option<&crate::format::ptd::Ptd> {
-        match &self.files.get(file)?.kind {
-            Kind::Ptd(p) => Some(p),
-            Kind::Pte(_) => None,
-        }
-    }
-}
-
 pub struct Tree {
     pub model: Arc<Model>,
     pub nodes: Vec<Node>,
+    /// Directory and file names of the model's parts.
+    pub names: Names,
+    /// Paths that show each tensor byte range, for `aliases` in the JSON; built on first use.
+    aliases: OnceLock<HashMap<Location, Vec<String>>>,
 }
 
 impl Tree {
@@ -143,8 +95,8 @@ impl Tree {
             .map(|i| children[i])
     }
 
-    /// Resolves a slash-separated path from the root ("" or "/" is the root).
-    pub fn resolve(&self, path: &str) -> Option<Ino> {
+    /// Finds a slash-separated path from the root ("" or "/" is the root).
+    pub fn find(&self, path: &str) -> Option<Ino> {
         let mut ino = ROOT;
         for part in path.split('/').filter(|p| !p.is_empty() && *p != ".") {
             ino = self.lookup(ino, part)?;
@@ -165,12 +117,18 @@ impl Tree {
         parts.join("/")
     }
 
+    /// Paths that show each byte range, for the `aliases` of the JSON files.
+    pub fn aliases(&self) -> &HashMap<Location, Vec<String>> {
+        self.aliases
+            .get_or_init(|| build::collect_aliases(&self.model, &self.names))
+    }
+
     /// The bytes of a generated text file, rendered on first use.
     pub fn text(&self, ino: Ino) -> Option<Arc<[u8]>> {
         match &self.node(ino)?.content {
             Content::Text { kind, rendered } => Some(
                 rendered
-                    .get_or_init(|| render::render(&self.model, *kind).into())
+                    .get_or_init(|| render::render(self, *kind).into())
                     .clone(),
             ),
             _ => None,
@@ -197,7 +155,7 @@ impl Tree {
                 Some(shape.clone())
             }
             Some(WriteTarget::Blob { .. } | WriteTarget::DelegatePayload { .. }) => {
-                Some(Arc::new(blob(location.range.len)))
+                Some(Arc::new(blob(location.range.len())))
             }
             _ => None,
         };
@@ -224,7 +182,7 @@ impl Tree {
         ));
         x.push((
             "user.ptefs.offset".to_string(),
-            location.range.start.to_string(),
+            location.range.start().to_string(),
         ));
         x
     }
@@ -232,8 +190,8 @@ impl Tree {
     /// Exact size of a file (0 for directories).
     pub fn size(&self, ino: Ino) -> u64 {
         match self.node(ino).map(|n| &n.content) {
-            Some(Content::Range(loc)) => loc.range.len,
-            Some(Content::Npy { header, location }) => header.len() as u64 + location.range.len,
+            Some(Content::Range(loc)) => loc.range.len(),
+            Some(Content::Npy { header, location }) => header.len() as u64 + location.range.len(),
             Some(Content::Text { .. }) => self.text(ino).map_or(0, |t| t.len() as u64),
             _ => 0,
         }

@@ -3,6 +3,50 @@
 //! Invariant: `encode` never yields "", ".", "..", or a name containing '/' or NUL, and it is
 //! injective, so distinct keys never collide (duplicate keys are suffixed by the caller).
 
+use crate::format::layout::FileIndex;
+use crate::format::Model;
+
+/// The names a tree gives the parts of its model, computed once per tree.
+#[derive(Debug, Clone, Default)]
+pub struct Names {
+    /// Directory names of the plans, deduplicated.
+    pub plans: Vec<String>,
+    /// Names of the `data/` subdirectories, deduplicated.
+    pub data: Vec<String>,
+    /// Per file, the base names (without extension) of its named blobs.
+    pub named_data: Vec<Vec<String>>,
+}
+
+impl Names {
+    pub fn of(model: &Model) -> Names {
+        let plans = model
+            .pte()
+            .and_then(|p| p.program.execution_plan.as_ref())
+            .map(|v| v.as_slice())
+            .unwrap_or_default();
+        Names {
+            plans: dedupe(
+                plans
+                    .iter()
+                    .map(|p| encode(p.name.as_deref().unwrap_or(""))),
+            ),
+            data: dedupe(model.files[1..].iter().map(|f| encode(&f.stem()))),
+            named_data: (0..model.files.len())
+                .map(|f| dedupe(model.named_data_keys(f).into_iter().map(encode)))
+                .collect(),
+        }
+    }
+
+    /// The prefix of a file's subtree: "" for the mounted file, "data/<stem>/" for a `.ptd`.
+    pub fn file_prefix(&self, file: FileIndex) -> String {
+        if file == 0 {
+            String::new()
+        } else {
+            format!("data/{}/", self.data[file - 1])
+        }
+    }
+}
+
 /// Percent-encodes `/`, `%` and NUL; `.` and `..` become `%2E` and `%2E%2E`.
 pub fn encode(name: &str) -> String {
     match name {

@@ -6,22 +6,23 @@
 
 use serde_json::{json, Map, Value};
 
-use super::{Model, TextKind};
+use super::{TextKind, Tree};
 use crate::format::generated::{ptd_fb, pte_fb};
 use crate::format::layout::{Location, TensorData};
 use crate::format::range::ByteRange;
-use crate::format::{scalar_type, Kind};
+use crate::format::{scalar_type, Kind, Model};
 
 /// Byte vectors longer than this are shown as `{"bytes": N}`.
 const INLINE_BYTES_SHOWN: usize = 64;
 
-pub fn render(model: &Model, kind: TextKind) -> Vec<u8> {
+pub fn render(tree: &Tree, kind: TextKind) -> Vec<u8> {
+    let model = &*tree.model;
     match kind {
         TextKind::HeaderJson(f) => to_text(&header_json(model, f)),
         TextKind::ProgramJson => to_text(&program_json(model)),
         TextKind::FlatTensorJson(f) => to_text(&flat_tensor_json(model, f)),
         TextKind::PlanJson(p) => to_text(&plan_json(model, p)),
-        TextKind::ValueJson(p, i) => to_text(&value_json(model, p, i)),
+        TextKind::ValueJson(p, i) => to_text(&value_json(tree, p, i)),
         TextKind::DelegateJson(p, j) => to_text(&delegate_json(model, p, j)),
         TextKind::NamedDataJson(f, k) => to_text(&named_data_json(model, f, k)),
         TextKind::Operators(p) => operators_txt(model, p).into_bytes(),
@@ -91,8 +92,8 @@ fn bytes_value(data: &[u8]) -> Value {
 }
 
 fn range_bytes_value(model: &Model, r: &ByteRange) -> Value {
-    if r.len as usize > INLINE_BYTES_SHOWN {
-        json!({ "bytes": r.len })
+    if r.len() as usize > INLINE_BYTES_SHOWN {
+        json!({ "bytes": r.len() })
     } else {
         json!(&model.files[0].bytes()[r.as_usize()])
     }
@@ -460,7 +461,7 @@ fn location_fields(model: &Model, m: &mut Map<String, Value>, loc: Option<Locati
                 "file".into(),
                 json!(model.files[l.file].path.display().to_string()),
             );
-            m.insert("file_offset".into(), json!(l.range.start));
+            m.insert("file_offset".into(), json!(l.range.start()));
         }
         None => {
             m.insert("file".into(), Value::Null);
@@ -469,20 +470,16 @@ fn location_fields(model: &Model, m: &mut Map<String, Value>, loc: Option<Locati
     }
 }
 
-fn aliases_value(model: &Model, loc: Option<Location>, own: &str) -> Value {
+fn aliases_value(tree: &Tree, loc: Option<Location>, own: &str) -> Value {
     let list: Vec<&String> = loc
-        .and_then(|l| model.aliases().get(&l))
+        .and_then(|l| tree.aliases().get(&l))
         .map(|v| v.iter().filter(|p| p.as_str() != own).collect())
         .unwrap_or_default();
     json!(list)
 }
 
 fn tensor_value_json(
-    model: &Model,
-    p: usize,
-    i: usize,
-    t: &pte_fb::TensorT,
-    d: &TensorData,
+    tree: &Tree, p: usize, i: usize, t: &pte_fb::TensorT, d: &TensorData,
 ) -> Value {
     let mut m = Map::new();
     m.insert("index".into(), json!(i));
@@ -505,9 +502,9 @@ fn tensor_value_json(
             .as_ref()
             .and_then(|e| e.fully_qualified_name.clone())),
     );
-    location_fields(model, &mut m, d.location);
-    let own = format!("plans/{}/values/{i}", model.plan_names()[p]);
-    m.insert("aliases".into(), aliases_value(model, d.location, &own));
+    location_fields(&tree.model, &mut m, d.location);
+    let own = format!("plans/{}/values/{i}", tree.names.plans[p]);
+    m.insert("aliases".into(), aliases_value(tree, d.location, &own));
     m.insert("storage_offset".into(), json!(t.storage_offset));
     m.insert("requires_grad".into(), json!(t.requires_grad));
     m.insert("layout".into(), json!(t.layout));
@@ -521,15 +518,16 @@ fn tensor_value_json(
     Value::Object(m)
 }
 
-fn value_json(model: &Model, p: usize, i: usize) -> Value {
+fn value_json(tree: &Tree, p: usize, i: usize) -> Value {
     use pte_fb::KernelTypesT as K;
+    let model = &*tree.model;
     let plan = plan(model, p);
     let value = &plan.values.as_ref().expect("values")[i];
     if let (K::Tensor(t), Some(d)) = (
         &value.val,
         &model.pte_layout.as_ref().expect("resolved").plans[p].tensors[i],
     ) {
-        return tensor_value_json(model, p, i, t, d);
+        return tensor_value_json(tree, p, i, t, d);
     }
     let mut m = Map::new();
     m.insert("index".into(), json!(i));
@@ -569,13 +567,13 @@ fn delegate_json(model: &Model, p: usize, j: usize) -> Value {
     );
     match loc {
         Ok(l) => {
-            m.insert("nbytes".into(), json!(l.range.len));
+            m.insert("nbytes".into(), json!(l.range.len()));
             location_fields(model, &mut m, Some(*l));
         }
         Err(e) => {
             m.insert("nbytes".into(), Value::Null);
             location_fields(model, &mut m, None);
-            m.insert("defect".into(), json!(e));
+            m.insert("defect".into(), json!(e.to_string()));
         }
     }
     m.insert("compile_specs".into(), compile_specs_json(&d.compile_specs));
@@ -611,13 +609,13 @@ fn named_data_json(model: &Model, file: usize, k: usize) -> Value {
     m.insert("segment_index".into(), json!(segment_index));
     match &loc {
         Ok(l) => {
-            m.insert("size".into(), json!(l.range.len));
+            m.insert("size".into(), json!(l.range.len()));
             location_fields(model, &mut m, Some(*l));
         }
         Err(e) => {
             m.insert("size".into(), Value::Null);
             location_fields(model, &mut m, None);
-            m.insert("defect".into(), json!(e));
+            m.insert("defect".into(), json!(e.to_string()));
         }
     }
     if matches!(model.files[file].kind, Kind::Ptd(_)) {

@@ -60,7 +60,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// A whole file of the tree, read through `Fs::read` in `chunk`-byte requests.
-pub fn read_all(fs: &Fs, ino: Ino, chunk: u32) -> Result<Vec<u8>, ptefs::fs::FsError> {
+pub fn read_all(fs: &Fs, ino: Ino, chunk: u32) -> Result<Vec<u8>, ptefs::error::Error> {
     let size = fs.getattr(ino)?.size;
     let mut out = Vec::with_capacity(size as usize);
     while (out.len() as u64) < size {
@@ -78,10 +78,10 @@ pub fn walk(fs: &Fs) -> Vec<(String, Ino, FileType)> {
     let mut out = Vec::new();
     let mut stack = vec![(ptefs::tree::ROOT, String::new())];
     while let Some((dir, prefix)) = stack.pop() {
-        let entries = fs.readdir(dir).expect("readdir of a directory");
-        assert_eq!(entries[0].0, ".");
-        assert_eq!(entries[1].0, "..");
-        for (name, a) in entries.into_iter().skip(2) {
+        let entries = fs.list(dir).expect("a listing of a directory");
+        assert_eq!(entries[0].name, ".");
+        assert_eq!(entries[1].name, "..");
+        for ptefs::fs::DirEntry { name, attr: a } in entries.into_iter().skip(2) {
             let path = format!("{prefix}{name}");
             if a.kind == FileType::Directory {
                 stack.push((a.ino, format!("{path}/")));

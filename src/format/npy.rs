@@ -2,6 +2,10 @@
 //!
 //! Invariant: a header's length is a multiple of 64 and it ends with '\n'.
 
+use std::io::Write;
+
+use super::FormatError;
+
 pub const MAGIC: &[u8] = b"\x93NUMPY";
 
 /// Decimal digits of `n`.
@@ -52,12 +56,12 @@ where
     out.extend_from_slice(descr.as_bytes());
     out.extend_from_slice(DICT_MIDDLE);
     out.push(b'(');
-    let mut buf = [0u8; 20];
     for (k, d) in dims.enumerate() {
         if k > 0 {
             out.extend_from_slice(b", ");
         }
-        out.extend_from_slice(super::names::decimal(d, &mut buf).as_bytes());
+        // Writing into a Vec cannot fail; its capacity is already the final size.
+        let _ = write!(out, "{d}");
     }
     if count == 1 {
         out.push(b',');
@@ -80,16 +84,18 @@ pub struct ParsedHeader {
 }
 
 /// Parses a `.npy` header (versions 1.0, 2.0 and 3.0), or says what is wrong with it.
-pub fn parse_header(bytes: &[u8]) -> Result<ParsedHeader, String> {
+pub fn parse_header(bytes: &[u8]) -> Result<ParsedHeader, FormatError> {
     if bytes.len() < 10 || &bytes[..6] != MAGIC {
-        return Err("not a .npy file: expected the magic \\x93NUMPY at byte 0".to_string());
+        return Err(FormatError::new(
+            "not a .npy file: expected the magic \\x93NUMPY at byte 0",
+        ));
     }
     let major = bytes[6];
     let (len, start) = match major {
         1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10usize),
         2 | 3 => {
             if bytes.len() < 12 {
-                return Err("truncated .npy header".to_string());
+                return Err(FormatError::new("truncated .npy header"));
             }
             (
                 u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
@@ -97,23 +103,23 @@ pub fn parse_header(bytes: &[u8]) -> Result<ParsedHeader, String> {
             )
         }
         v => {
-            return Err(format!(
+            return Err(FormatError::new(format!(
                 ".npy version {v}.{} is not supported (expected 1, 2 or 3)",
                 bytes[7]
-            ))
+            )))
         }
     };
     let end = start
         .checked_add(len)
         .filter(|&e| e <= bytes.len())
         .ok_or_else(|| {
-            format!(
+            FormatError::new(format!(
                 ".npy header says {len} bytes but the file has only {}",
                 bytes.len() - start
-            )
+            ))
         })?;
     let text = std::str::from_utf8(&bytes[start..end])
-        .map_err(|_| ".npy header is not text".to_string())?;
+        .map_err(|_| FormatError::new(".npy header is not text"))?;
     let descr = dict_value(text, "descr")?;
     let descr = descr.trim_matches(|c| c == '\'' || c == '"').to_string();
     let fortran = dict_value(text, "fortran_order")?;
@@ -121,9 +127,9 @@ pub fn parse_header(bytes: &[u8]) -> Result<ParsedHeader, String> {
         "False" => false,
         "True" => true,
         other => {
-            return Err(format!(
+            return Err(FormatError::new(format!(
                 ".npy fortran_order: expected True or False, found {other}"
-            ))
+            )))
         }
     };
     let shape_text = dict_value(text, "shape")?;
@@ -131,13 +137,16 @@ pub fn parse_header(bytes: &[u8]) -> Result<ParsedHeader, String> {
         .trim()
         .strip_prefix('(')
         .and_then(|s| s.strip_suffix(')'))
-        .ok_or_else(|| format!(".npy shape: expected a tuple, found {shape_text}"))?;
+        .ok_or_else(|| {
+            FormatError::new(format!(".npy shape: expected a tuple, found {shape_text}"))
+        })?;
     let mut shape = Vec::new();
     for part in inner.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let part = part.trim_end_matches('L');
         shape.push(
-            part.parse::<u64>()
-                .map_err(|_| format!(".npy shape: {part:?} is not a dimension"))?,
+            part.parse::<u64>().map_err(|_| {
+                FormatError::new(format!(".npy shape: {part:?} is not a dimension"))
+            })?,
         );
     }
     Ok(ParsedHeader {
@@ -150,16 +159,16 @@ pub fn parse_header(bytes: &[u8]) -> Result<ParsedHeader, String> {
 
 /// The raw text of `key`'s value in a Python dict literal; values here hold no nested braces
 /// other than a tuple.
-fn dict_value<'a>(text: &'a str, key: &str) -> Result<&'a str, String> {
+fn dict_value<'a>(text: &'a str, key: &str) -> Result<&'a str, FormatError> {
     let quoted = [format!("'{key}'"), format!("\"{key}\"")];
     let at = quoted
         .iter()
         .find_map(|q| text.find(q.as_str()).map(|i| i + q.len()))
-        .ok_or_else(|| format!(".npy header has no '{key}' entry"))?;
+        .ok_or_else(|| FormatError::new(format!(".npy header has no '{key}' entry")))?;
     let rest = text[at..].trim_start();
     let rest = rest
         .strip_prefix(':')
-        .ok_or_else(|| format!(".npy header: expected ':' after '{key}'"))?
+        .ok_or_else(|| FormatError::new(format!(".npy header: expected ':' after '{key}'")))?
         .trim_start();
     let end = if rest.starts_with('(') {
         rest.find(')').map(|i| i + 1)
@@ -168,7 +177,7 @@ fn dict_value<'a>(text: &'a str, key: &str) -> Result<&'a str, String> {
     } else {
         rest.find([',', '}'])
     }
-    .ok_or_else(|| format!(".npy header: unterminated value for '{key}'"))?;
+    .ok_or_else(|| FormatError::new(format!(".npy header: unterminated value for '{key}'")))?;
     Ok(&rest[..end])
 }
 

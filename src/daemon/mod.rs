@@ -1,0 +1,124 @@
+//! Mounting: checks before the mount, the background server, clean unmounts.
+//!
+//! `mount` checks everything it can while it still has the terminal (the file, the
+//! mountpoint, `/dev/fuse`) and finishes interrupted commits. Then, unless in the foreground,
+//! it forks (`background`): the child detaches, parses the model, mounts and serves
+//! (`serve`); the parent returns once the mount is live or failed. Each job has its own
+//! module: `logging`, `mountinfo` (the kernel's mount table), `lock` (what `ptefs umount`
+//! waits on), `unmount`, `options` (`-o`), `recovery` (interrupted commits).
+
+mod background;
+mod lock;
+mod logging;
+mod mountinfo;
+mod options;
+mod recovery;
+mod serve;
+mod unmount;
+
+pub use unmount::umount;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::format::Model;
+use crate::tree::Tree;
+
+use background::{Ready, Side};
+
+/// What `ptefs mount` was asked to do.
+#[derive(Debug, Clone, Default)]
+pub struct MountRequest {
+    pub file: PathBuf,
+    pub mountpoint: PathBuf,
+    /// `.ptd` files to attach.
+    pub data: Vec<PathBuf>,
+    pub read_only: bool,
+    /// Stay attached and log to stderr.
+    pub foreground: bool,
+    /// `-o` lists, each comma-separated.
+    pub options: Vec<String>,
+    /// `-v` count.
+    pub verbose: u8,
+    /// In the background, log here instead of syslog.
+    pub log_file: Option<PathBuf>,
+}
+
+fn canonical(path: &Path) -> Result<PathBuf> {
+    path.canonicalize()
+        .map_err(|e| Error::io(path.display(), e))
+}
+
+fn mountpoint_dir(path: &Path) -> Result<PathBuf> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path.display(), e))?;
+    if !meta.is_dir() {
+        return Err(Error::new(
+            libc::ENOTDIR,
+            format!("{}: the mountpoint is not a directory", path.display()),
+        ));
+    }
+    canonical(path)
+}
+
+/// Parses the model and its data files and builds the tree that the mount shows.
+fn open_tree(file: &Path, data: &[PathBuf]) -> Result<Tree> {
+    let model = Model::open(file, data)?;
+    Ok(Tree::build(Arc::new(model)))
+}
+
+/// `ptefs mount`: returns once the mount is live (in the background) or once it is
+/// unmounted (in the foreground). In the background this returns in both processes: the
+/// parent with the mount's outcome, the daemon after its session ended.
+pub fn mount(req: &MountRequest) -> Result<()> {
+    let log_target = match (&req.log_file, req.foreground) {
+        (_, true) => logging::LogTarget::Stderr,
+        (Some(path), false) => logging::LogTarget::File(path),
+        (None, false) => logging::LogTarget::Syslog,
+    };
+    logging::init(req.verbose, log_target)?;
+    // Everything that can be checked is checked while the terminal is still ours.
+    let file = canonical(&req.file)?;
+    let data = req
+        .data
+        .iter()
+        .map(|d| canonical(d))
+        .collect::<Result<Vec<_>>>()?;
+    let mountpoint = mountpoint_dir(&req.mountpoint)?;
+    if !Path::new("/dev/fuse").exists() {
+        return Err(Error::new(
+            libc::ENODEV,
+            "/dev/fuse is missing: load the fuse module (modprobe fuse) or run where FUSE is available",
+        ));
+    }
+    let (config, read_only) = options::fuse_config(&req.options, req.read_only, &file);
+    for p in std::iter::once(&file).chain(&data) {
+        if let Err(e) = recovery::recover(p, !req.foreground) {
+            if !read_only {
+                return Err(e);
+            }
+            log::warn!("{e}");
+        }
+    }
+    if req.foreground {
+        let tree = open_tree(&file, &data)?;
+        return serve::serve(tree, read_only, &config, &mountpoint, Ready::Foreground);
+    }
+    match background::fork()? {
+        Side::Parent(outcome) => outcome,
+        Side::Child(ready) => {
+            // From here on, what this process prints goes nowhere: the parent prints what
+            // the child reports.
+            background::detach();
+            let tree = match open_tree(&file, &data) {
+                Ok(t) => t,
+                Err(e) => {
+                    let failed = Err(e);
+                    ready.report(&failed);
+                    return failed;
+                }
+            };
+            serve::serve(tree, read_only, &config, &mountpoint, ready)
+        }
+    }
+}

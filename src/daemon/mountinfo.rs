@@ -1,0 +1,97 @@
+//! The kernel's mount table (`/proc/self/mountinfo`): which mount sits at a path.
+
+use std::ffi::OsString;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+
+/// One line of /proc/self/mountinfo.
+#[derive(Debug, Clone)]
+pub struct MountEntry {
+    /// "major:minor"
+    pub dev: String,
+    pub fstype: String,
+    pub source: String,
+}
+
+impl MountEntry {
+    pub fn is_ptefs(&self) -> bool {
+        self.fstype == "fuse.ptefs" || self.source.starts_with("ptefs:")
+    }
+}
+
+/// Undoes the octal escapes (`\040`) of mountinfo paths.
+fn unescape(field: &str) -> OsString {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() {
+            let oct = std::str::from_utf8(&b[i + 1..i + 4])
+                .ok()
+                .and_then(|o| u8::from_str_radix(o, 8).ok());
+            if let Some(v) = oct {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    OsString::from_vec(out)
+}
+
+/// The topmost mount at `path` (an absolute, canonical path), from the mount table.
+pub fn find_mount(path: &Path) -> Option<MountEntry> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mut found = None;
+    for line in table.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let Some(sep) = fields.iter().position(|f| *f == "-") else {
+            continue;
+        };
+        if fields.len() < 5 || fields.len() < sep + 3 {
+            continue;
+        }
+        if Path::new(&unescape(fields[4])) == path {
+            found = Some(MountEntry {
+                dev: fields[2].to_string(),
+                fstype: fields[sep + 1].to_string(),
+                source: unescape(fields[sep + 2]).to_string_lossy().into_owned(),
+            });
+        }
+    }
+    found
+}
+
+/// The absolute path of a mountpoint without touching the mount itself when it is dead.
+pub fn absolute(path: &Path) -> PathBuf {
+    if let Ok(c) = path.canonicalize() {
+        return c;
+    }
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    match (abs.parent(), abs.file_name()) {
+        (Some(parent), Some(name)) => parent
+            .canonicalize()
+            .map(|p| p.join(name))
+            .unwrap_or(abs.clone()),
+        _ => abs,
+    }
+}
+
+/// A path as bytes, for the C calls that take one.
+pub fn c_path(path: &Path) -> Option<std::ffi::CString> {
+    std::ffi::CString::new(path.as_os_str().as_bytes()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unescapes_mountinfo_paths() {
+        assert_eq!(unescape("/tmp/a\\040b"), OsString::from("/tmp/a b"));
+        assert_eq!(unescape("/plain"), OsString::from("/plain"));
+        assert_eq!(unescape("/x\\"), OsString::from("/x\\"));
+    }
+}

@@ -1,0 +1,38 @@
+//! Finishing interrupted commits before a mount: journals are replayed or discarded, and
+//! files left by an interrupted re-layout are removed. Each action is logged and, when the
+//! daemon will leave the terminal, printed.
+
+use std::path::Path;
+
+use crate::edit::{journal, relayout};
+use crate::error::Result;
+
+pub fn recover(path: &Path, announce: bool) -> Result<()> {
+    let say = |msg: String| {
+        log::warn!("{msg}");
+        if announce {
+            eprintln!("ptefs: {msg}");
+        }
+    };
+    match journal::recover(path)
+        .map_err(|e| e.context(format!("{}: journal recovery failed", path.display())))?
+    {
+        journal::Recovery::None => {}
+        journal::Recovery::Replayed { offset, len } => say(format!(
+            "{}: finished an interrupted commit from its journal ({len} bytes at offset {offset})",
+            path.display()
+        )),
+        journal::Recovery::Discarded(why) => say(format!(
+            "{}: discarded the journal of an interrupted commit ({why}); the file is unchanged",
+            path.display()
+        )),
+    }
+    if let Some(tmp) = relayout::remove_stale(path) {
+        say(format!(
+            "{}: removed {} left by an interrupted re-layout; the file is unchanged",
+            path.display(),
+            tmp.display()
+        ));
+    }
+    Ok(())
+}

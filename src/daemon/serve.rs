@@ -1,0 +1,167 @@
+//! Serving a mount: the FUSE session with its worker threads, the threads that send cache
+//! invalidations, and a thread that turns SIGINT/SIGTERM/SIGHUP into "commit, then unmount".
+//! When open files keep the mount busy after a signal, it is detached, and the daemon ends
+//! once the kernel lets go of it or after a grace period.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fuser::{Config, Session};
+
+use super::background::Ready;
+use super::lock::MountLock;
+use super::mountinfo::find_mount;
+use super::unmount::unmount_path;
+use crate::error::{Error, Result};
+use crate::fs::{Fs, Options};
+use crate::fuse::FuseFs;
+use crate::tree::Tree;
+
+/// What the mount's block-device info gets as readahead, so the kernel sends 1 MiB reads.
+const READ_AHEAD_KB: &str = "1024";
+
+/// How long a detached, still-busy mount is served after a signal.
+const GRACE: Duration = Duration::from_secs(5);
+
+enum Event {
+    /// The session ended (the mount is gone).
+    Ended(std::io::Result<()>),
+    /// A signal asked for an unmount, which is done or detached.
+    Unmounting,
+}
+
+fn signal_set() -> libc::sigset_t {
+    // SAFETY: sigset manipulation on a local.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, s);
+        }
+        set
+    }
+}
+
+/// Raises the mount's readahead so the kernel sends 1 MiB reads (root only; best effort).
+fn raise_readahead(dev: &str) {
+    let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
+    match std::fs::write(&path, READ_AHEAD_KB) {
+        Ok(()) => log::debug!("{path} = {READ_AHEAD_KB}"),
+        Err(e) => log::debug!("cannot raise readahead through {path}: {e}"),
+    }
+}
+
+fn commit_pending(fs: &Fs) {
+    for e in fs.commit_all() {
+        log::error!("commit before unmount failed: {e}");
+    }
+}
+
+/// Waits for a signal, then commits what is staged and unmounts (or detaches a busy mount).
+fn on_signals(fs: Arc<Fs>, mountpoint: PathBuf, events: mpsc::Sender<Event>) {
+    let set = signal_set();
+    let mut sig = 0;
+    // SAFETY: waits on a valid set that every thread blocks.
+    unsafe { libc::sigwait(&set, &mut sig) };
+    log::info!("signal {sig}: committing pending writes and unmounting");
+    commit_pending(&fs);
+    if let Err(e) = unmount_path(&mountpoint, false) {
+        log::info!("unmount: {e}; detaching the busy mount");
+        if let Err(e) = unmount_path(&mountpoint, true) {
+            log::error!("cannot unmount {}: {e}", mountpoint.display());
+        }
+    }
+    let _ = events.send(Event::Unmounting);
+}
+
+/// Mounts `tree` on `mountpoint`, reports through `ready` once the mount is live, and serves
+/// until it is unmounted.
+pub fn serve(
+    tree: Tree, read_only: bool, config: &Config, mountpoint: &Path, ready: Ready,
+) -> Result<()> {
+    // Signals go to the signal thread only: block them before any thread starts.
+    let set = signal_set();
+    // SAFETY: changes this thread's mask; threads started later inherit it.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+
+    let (notices, queues) = crate::fuse::notices();
+    let fs = Arc::new(Fs::with_invalidator(
+        tree,
+        Options { read_only },
+        Arc::new(notices),
+    ));
+    let started = Session::new(FuseFs::new(fs.clone()), mountpoint, config)
+        .map_err(|e| Error::io(format!("cannot mount on {}", mountpoint.display()), e))
+        .and_then(|session| {
+            queues
+                .spawn(session.notifier(), session.notifier())
+                .map_err(|e| Error::io("cannot start a thread", e))?;
+            Ok(session)
+        });
+    let session = match started {
+        Ok(s) => s,
+        Err(e) => {
+            log::error!("{e}");
+            let failed = Err(e);
+            ready.report(&failed);
+            return failed;
+        }
+    };
+    let _lock = match find_mount(mountpoint) {
+        Some(entry) => {
+            raise_readahead(&entry.dev);
+            MountLock::take(&entry.dev)
+        }
+        None => {
+            log::warn!("{} is not in the mount table", mountpoint.display());
+            None
+        }
+    };
+    let (events, events_rx) = mpsc::channel();
+    {
+        let (fs, mp, events) = (fs.clone(), mountpoint.to_path_buf(), events.clone());
+        std::thread::Builder::new()
+            .name("ptefs-signals".into())
+            .spawn(move || on_signals(fs, mp, events))
+            .map_err(|e| Error::io("cannot start a thread", e))?;
+    }
+    let background = session
+        .spawn()
+        .map_err(|e| Error::io("cannot start the FUSE session", e))?;
+    std::thread::Builder::new()
+        .name("ptefs-session".into())
+        .spawn(move || {
+            let _ = events.send(Event::Ended(background.join()));
+        })
+        .map_err(|e| Error::io("cannot start a thread", e))?;
+    log::info!(
+        "mounted {} on {}{}",
+        fs.tree().model.files[0].path.display(),
+        mountpoint.display(),
+        if read_only { " (read-only)" } else { "" }
+    );
+    ready.report(&Ok(()));
+
+    let ended = match events_rx.recv() {
+        Ok(Event::Ended(r)) => r,
+        Ok(Event::Unmounting) => match events_rx.recv_timeout(GRACE) {
+            Ok(Event::Ended(r)) => r,
+            Ok(Event::Unmounting) | Err(RecvTimeoutError::Timeout) => {
+                commit_pending(&fs);
+                log::warn!("the mount is still in use {GRACE:?} after the signal: exiting");
+                Ok(())
+            }
+            Err(RecvTimeoutError::Disconnected) => Ok(()),
+        },
+        Err(_) => Ok(()),
+    };
+    match ended {
+        Ok(()) => {
+            log::info!("unmounted {}", mountpoint.display());
+            Ok(())
+        }
+        Err(e) => Err(Error::io("the FUSE session failed", e)),
+    }
+}

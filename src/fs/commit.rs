@@ -1,0 +1,117 @@
+//! Commit orchestration: staged bytes become the new content of a tree file through
+//! `crate::edit`, then the snapshot and the kernel's caches follow.
+//!
+//! Invariants: the model file changes only here; one commit runs at a time (`commit_lock`);
+//! readers of mapped bytes wait while bytes change in place (`gate`); a refused commit
+//! changes nothing on disk and leaves the snapshot as it was.
+
+use std::sync::Arc;
+
+use super::invalidate::Invalidate;
+use super::Fs;
+use crate::edit::{self, Outcome};
+use crate::error::{Error, Result};
+use crate::format::Model;
+use crate::tree::{Content, Ino, Tree};
+
+/// Whether the tree of `old` still describes the file after `outcome`: an in-place write
+/// beyond the flatbuffer changes bytes that no generated file or layout is computed from.
+fn outcome_keeps_structure(old: &Tree, outcome: &Outcome) -> bool {
+    match outcome {
+        Outcome::InPlace { file, range } => range.start() >= old.model.files[*file].program_end(),
+        Outcome::Relayout { .. } => false,
+    }
+}
+
+/// Which inodes a commit changed: ranges overlapping an in-place write (and every generated
+/// file when the write touched the flatbuffer), or everything after a re-layout.
+fn invalidations(old: &Tree, outcome: &Outcome) -> Invalidate {
+    if !outcome_keeps_structure(old, outcome) {
+        return Invalidate::inodes((1..=old.nodes.len() as Ino).collect());
+    }
+    let Outcome::InPlace { file, range } = outcome else {
+        unreachable!("only in-place commits keep the structure")
+    };
+    Invalidate::inodes(
+        old.nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| match &n.content {
+                Content::Range(l) | Content::Npy { location: l, .. } => {
+                    l.file == *file
+                        && l.range.start() < range.end()
+                        && range.start() < l.range.end()
+                }
+                _ => false,
+            })
+            .map(|(i, _)| i as Ino + 1)
+            .collect(),
+    )
+}
+
+/// Re-opens the files of `tree` after a commit and builds the new tree.
+pub fn reload(tree: &Tree) -> Result<Tree> {
+    let model: Model = tree.model.reopen()?;
+    Ok(Tree::build(Arc::new(model)))
+}
+
+impl Fs {
+    /// Commits the staged bytes of tree file `ino` if a writer changed them.
+    pub(super) fn commit_staged(&self, ino: Ino) -> Result<Invalidate> {
+        let _one_at_a_time = self.commit_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(data) = self.staging.take_dirty(ino) else {
+            return Ok(Invalidate::default());
+        };
+        let result = self.commit_bytes(ino, &data);
+        if result.is_ok() {
+            self.staging.committed(ino, data);
+        }
+        result
+    }
+
+    /// Validates `data` as the new content of tree file `ino`, writes it, and switches to
+    /// the new snapshot. The caller holds `commit_lock`.
+    pub(super) fn commit_bytes(&self, ino: Ino, data: &[u8]) -> Result<Invalidate> {
+        let tree = self.tree();
+        let node = tree
+            .node(ino)
+            .ok_or_else(|| Error::not_found(format!("inode {ino}")))?;
+        let target = node
+            .write
+            .clone()
+            .ok_or_else(|| self.not_writable(&tree, ino))?;
+        let path = tree.path(ino);
+        // Readers of the mapped bytes wait while they change in place (see `read_with`).
+        let exclusive = || self.gate.write().unwrap_or_else(|e| e.into_inner());
+        let outcome =
+            edit::commit(&tree.model, &target, data, exclusive).map_err(|e| e.context(&path))?;
+        let inval = invalidations(&tree, &outcome);
+        if outcome_keeps_structure(&tree, &outcome) {
+            // Same offsets and sizes, and the mapping shares the page cache with the write:
+            // the snapshot already shows the new bytes. Re-parsing would cost time
+            // proportional to the number of values, not to the tensor.
+            self.refresh_identity();
+        } else {
+            let new_tree = reload(&tree).map_err(|e| {
+                Error::new(
+                    libc::EIO,
+                    format!("{path}: written, but re-reading the model failed: {e}"),
+                )
+            })?;
+            self.replace_tree(new_tree);
+        }
+        log::info!("committed {path} ({} bytes, {outcome:?})", data.len());
+        Ok(inval)
+    }
+
+    pub(super) fn not_writable(&self, tree: &Tree, ino: Ino) -> Error {
+        if self.options.read_only {
+            Fs::read_only_error()
+        } else {
+            Error::new(
+                libc::EACCES,
+                format!("{} is read-only: only tensor bytes, named data, delegate payloads and segments can be written", tree.path(ino)),
+            )
+        }
+    }
+}
