@@ -283,7 +283,7 @@ pub fn interrupted_commits(file: &Path, data: &[PathBuf]) -> Vec<String> {
     std::iter::once(file)
         .chain(data.iter().map(PathBuf::as_path))
         .map(crate::edit::journal::journal_path)
-        .filter(|j| j.exists())
+        .filter(|j| std::fs::symlink_metadata(j).is_ok())
         .map(|j| {
             format!(
                 "{}: an interrupted commit left this journal; mount the file once to finish or discard it",

@@ -57,7 +57,11 @@ fn copy_fixture(name: &str) -> Copy {
 }
 
 fn open(c: &Copy, read_only: bool) -> Fs {
-    let model = Model::open(&c.model, &c.data).unwrap();
+    let model = if read_only {
+        Model::open(&c.model, &c.data).unwrap()
+    } else {
+        Model::open_writable(&c.model, &c.data).unwrap()
+    };
     Fs::new(Tree::build(Arc::new(model)), Options { read_only })
 }
 
@@ -411,7 +415,7 @@ fn size_changes_relayout_and_keep_other_segments() {
                 );
                 let t = Tree::build(Arc::new(reopened));
                 assert_eq!(t.nodes.len(), fs.tree().nodes.len());
-                assert!(!ptefs::edit::relayout::temp_path(&file).exists());
+                assert!(ptefs::edit::relayout::leftovers(&file).is_empty());
                 resized += 1;
             }
         }

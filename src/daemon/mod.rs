@@ -62,8 +62,12 @@ fn mountpoint_dir(path: &Path) -> Result<PathBuf> {
 }
 
 /// Parses the model and its data files and builds the tree that the mount shows.
-fn open_tree(file: &Path, data: &[PathBuf]) -> Result<Tree> {
-    let model = Model::open(file, data)?;
+fn open_tree(file: &Path, data: &[PathBuf], read_only: bool) -> Result<Tree> {
+    let model = if read_only {
+        Model::open(file, data)?
+    } else {
+        Model::open_writable(file, data)?
+    };
     Ok(Tree::build(Arc::new(model)))
 }
 
@@ -101,7 +105,7 @@ pub fn mount(req: &MountRequest) -> Result<()> {
         }
     }
     if req.foreground {
-        let tree = open_tree(&file, &data)?;
+        let tree = open_tree(&file, &data, read_only)?;
         return serve::serve(tree, read_only, &config, &mountpoint, Ready::Foreground);
     }
     match background::fork()? {
@@ -110,7 +114,7 @@ pub fn mount(req: &MountRequest) -> Result<()> {
             // From here on, what this process prints goes nowhere: the parent prints what
             // the child reports.
             background::detach();
-            let tree = match open_tree(&file, &data) {
+            let tree = match open_tree(&file, &data, read_only) {
                 Ok(t) => t,
                 Err(e) => {
                     let failed = Err(e);

@@ -18,8 +18,8 @@ pub fn recover(path: &Path, announce: bool) -> Result<()> {
         .map_err(|e| e.context(format!("{}: journal recovery failed", path.display())))?
     {
         journal::Recovery::None => {}
-        journal::Recovery::Replayed { offset, len } => say(format!(
-            "{}: finished an interrupted commit from its journal ({len} bytes at offset {offset})",
+        journal::Recovery::Replayed { ranges, bytes } => say(format!(
+            "{}: finished an interrupted commit from its journal ({bytes} bytes in {ranges} range(s))",
             path.display()
         )),
         journal::Recovery::Discarded(why) => say(format!(
@@ -27,12 +27,8 @@ pub fn recover(path: &Path, announce: bool) -> Result<()> {
             path.display()
         )),
     }
-    if let Some(tmp) = relayout::remove_stale(path) {
-        say(format!(
-            "{}: removed {} left by an interrupted re-layout; the file is unchanged",
-            path.display(),
-            tmp.display()
-        ));
+    for message in relayout::remove_stale(path) {
+        say(message);
     }
     Ok(())
 }

@@ -1,254 +1,541 @@
-//! Crash-safe in-place writes: the new bytes go to a checksummed, fsynced journal beside the
-//! file, then into the file (fsynced), then the journal is removed. At mount a whole journal
-//! is replayed and a torn one discarded, so after a crash at any moment the file ends up
-//! entirely old or entirely new.
+//! Crash-safe in-place writes: the new bytes of every changed range go to one checksummed,
+//! fsynced journal beside the file, then into the file through its descriptor (fsynced), then
+//! the journal is removed. At mount a whole journal is replayed and a torn one discarded, so
+//! after a crash at any moment the file holds entirely the old or entirely the new bytes of
+//! every range of a commit.
 //!
-//! Journal layout: magic `PTEFSJ01`, u64 file size, u64 offset, u64 length, the bytes, and a
-//! CRC-32 of everything before it (all little-endian).
+//! Journal layout (little-endian): magic `PTEFSJ02`, u64 file size, u64 range count, per
+//! range u64 offset and u64 length, then the bytes of every range in order, then a CRC-32 of
+//! everything before it. (`PTEFSJ01`, one range, is the layout of earlier versions and is
+//! still replayed.)
+//!
+//! Invariants: the journal is created with `O_EXCL | O_NOFOLLOW` (see `beside`) and removed
+//! if writing it fails; at mount a journal is replayed only if it is a regular file owned by
+//! the model's owner, not writable by others, exactly as long as its header declares, for a
+//! file of the model's size, and covers only ranges an in-place commit may write; any other
+//! journal refuses the mount and is left where it is.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Read, Write};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
+use super::beside::Beside;
 use crate::error::{Error, Result};
+use crate::format::range::ByteRange;
+use crate::format::ModelFile;
 
-const MAGIC: &[u8; 8] = b"PTEFSJ01";
-const HEADER_LEN: usize = 32;
+const MAGIC: &[u8; 8] = b"PTEFSJ02";
+const MAGIC_V1: &[u8; 8] = b"PTEFSJ01";
+/// Magic, file size, range count.
+const HEADER_LEN: u64 = 24;
+const RANGE_LEN: u64 = 16;
+const CRC_LEN: u64 = 4;
 
-/// `.<name>.ptefs-journal` in the file's directory.
+/// `.<name>.ptefs-journal`: the journal of file `name`.
+pub fn journal_name(model_name: &str) -> String {
+    format!(".{model_name}.ptefs-journal")
+}
+
+/// The journal's path beside `path`.
 pub fn journal_path(path: &Path) -> PathBuf {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    path.with_file_name(format!(".{name}.ptefs-journal"))
+    path.with_file_name(journal_name(&name))
 }
 
-pub fn sync_dir(path: &Path) -> Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| Error::io(format!("fsync of directory {}", dir.display()), e))
-}
+/// One range of a commit: its offset in the file and its new bytes.
+pub type RangeWrite<'a> = (u64, &'a [u8]);
 
-fn header(file_len: u64, offset: u64, len: u64) -> [u8; HEADER_LEN] {
-    let mut h = [0u8; HEADER_LEN];
-    h[..8].copy_from_slice(MAGIC);
-    h[8..16].copy_from_slice(&file_len.to_le_bytes());
-    h[16..24].copy_from_slice(&offset.to_le_bytes());
-    h[24..32].copy_from_slice(&len.to_le_bytes());
+fn encode_header(file_len: u64, writes: &[RangeWrite]) -> Vec<u8> {
+    let mut h = Vec::with_capacity((HEADER_LEN + RANGE_LEN * writes.len() as u64) as usize);
+    h.extend_from_slice(MAGIC);
+    h.extend_from_slice(&file_len.to_le_bytes());
+    h.extend_from_slice(&(writes.len() as u64).to_le_bytes());
+    for (offset, bytes) in writes {
+        h.extend_from_slice(&offset.to_le_bytes());
+        h.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+    }
     h
 }
 
-/// Replaces `bytes.len()` bytes at `offset` of `path`, which must still be `file_len` long.
-/// `exclusive()` is held from the first byte written into the file until it is durable.
+/// Checks that `writes` are sorted, disjoint ranges inside a file of `file_len` bytes.
+fn check_ranges(writes: &[RangeWrite], file_len: u64, shown: &str) -> Result<()> {
+    let mut end_of_previous = 0;
+    for (offset, bytes) in writes {
+        let end = offset
+            .checked_add(bytes.len() as u64)
+            .filter(|&e| e <= file_len)
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "write of {} bytes at {offset} reaches past the end of {shown} ({file_len} bytes)",
+                    bytes.len()
+                ))
+            })?;
+        if *offset < end_of_previous {
+            return Err(Error::invalid(format!(
+                "overlapping or unsorted ranges in one commit of {shown} (at {offset})"
+            )));
+        }
+        end_of_previous = end;
+    }
+    Ok(())
+}
+
+/// Replaces the bytes of every range of `writes` (sorted, disjoint) in `model`'s file, which
+/// must still be as long as it was mapped and still be named by its path. `exclusive()` is
+/// held from the first byte written into the file until it is durable.
 pub fn write_in_place<G>(
-    path: &Path, file_len: u64, offset: u64, bytes: &[u8], exclusive: impl FnOnce() -> G,
+    model: &ModelFile, writes: &[RangeWrite], exclusive: impl FnOnce() -> G,
 ) -> Result<()> {
-    let shown = path.display();
-    let end = offset
-        .checked_add(bytes.len() as u64)
-        .filter(|&e| e <= file_len)
-        .ok_or_else(|| {
-            Error::invalid(format!(
-                "write of {} bytes at {offset} reaches past the end of {shown} ({file_len} bytes)",
-                bytes.len()
-            ))
-        })?;
-    let target = OpenOptions::new()
-        .write(true)
-        .open(path)
-        .map_err(|e| Error::io(format!("open {shown} for writing"), e))?;
+    let shown = model.path.display().to_string();
+    let file_len = model.bytes().len() as u64;
+    check_ranges(writes, file_len, &shown)?;
+    let target = model
+        .file
+        .as_ref()
+        .filter(|_| model.writable)
+        .ok_or_else(|| Error::new(libc::EACCES, format!("{shown} was not opened for writing")))?;
+    let beside = Beside::of(model)?;
+    beside.check_model_named()?;
     let now = target
         .metadata()
         .map_err(|e| Error::io(format!("stat {shown}"), e))?
         .len();
     if now != file_len {
-        return Err(Error::new(libc::EIO, format!("{shown} changed size behind ptefs (expected {file_len} bytes, found {now}); not writing")));
+        return Err(Error::new(
+            libc::EIO,
+            format!("{shown} changed size behind ptefs (expected {file_len} bytes, found {now}); not writing"),
+        ));
     }
 
-    let jpath = journal_path(path);
-    let h = header(file_len, offset, bytes.len() as u64);
-    let mut crc = crc32fast::Hasher::new();
-    crc.update(&h);
-    crc.update(bytes);
-    let sum = crc.finalize().to_le_bytes();
-    {
-        let mut j = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&jpath)
-            .map_err(|e| Error::io(format!("create journal {}", jpath.display()), e))?;
-        j.write_all(&h)
-            .and_then(|_| j.write_all(bytes))
-            .and_then(|_| j.write_all(&sum))
-            .and_then(|_| j.sync_all())
-            .map_err(|e| Error::io(format!("write journal {}", jpath.display()), e))?;
+    let name = journal_name(beside.model_name());
+    let journal = beside.create(&name)?;
+    let written = write_journal(journal, file_len, writes).and_then(|_| beside.sync());
+    if let Err(e) = written {
+        // A torn journal must not stay behind (it would only be discarded at the next mount,
+        // and until then `ptefs check` reports it).
+        let _ = beside.remove(&name);
+        return Err(e.context(format!("journal {}", beside.shown(&name))));
     }
-    sync_dir(&jpath)?;
 
     {
         let _readers_wait = exclusive();
-        target
-            .write_all_at(bytes, offset)
-            .and_then(|_| target.sync_data())
-            .map_err(|e| {
-                Error::io(
-                    format!("write {} bytes at {offset}..{end} of {shown}", bytes.len()),
-                    e,
-                )
-            })?;
+        let mut result = Ok(());
+        for (offset, bytes) in writes {
+            result = target.write_all_at(bytes, *offset);
+            if result.is_err() {
+                break;
+            }
+        }
+        result.and_then(|_| target.sync_data()).map_err(|e| {
+            // The journal stays: the next mount finishes the commit from it.
+            Error::io(format!("write {} range(s) into {shown}", writes.len()), e)
+        })?;
     }
+    beside.remove(&name)
+}
 
-    std::fs::remove_file(&jpath)
-        .map_err(|e| Error::io(format!("remove journal {}", jpath.display()), e))?;
-    Ok(())
+fn write_journal(mut j: File, file_len: u64, writes: &[RangeWrite]) -> Result<()> {
+    let header = encode_header(file_len, writes);
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&header);
+    let io = |e| Error::io("write", e);
+    j.write_all(&header).map_err(io)?;
+    for (_, bytes) in writes {
+        crc.update(bytes);
+        j.write_all(bytes).map_err(io)?;
+    }
+    j.write_all(&crc.finalize().to_le_bytes()).map_err(io)?;
+    j.sync_all().map_err(|e| Error::io("fsync", e))
 }
 
 /// What `recover` found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Recovery {
     None,
-    Replayed { offset: u64, len: u64 },
+    Replayed { ranges: usize, bytes: u64 },
     Discarded(String),
 }
 
-/// Replays or discards a journal left beside `path` by an interrupted commit.
-pub fn recover(path: &Path) -> Result<Recovery> {
-    let jpath = journal_path(path);
-    let mut j = match File::open(&jpath) {
-        Ok(j) => j,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Recovery::None),
-        Err(e) => return Err(Error::io(format!("open journal {}", jpath.display()), e)),
-    };
-    let mut all = Vec::new();
-    j.read_to_end(&mut all)
-        .map_err(|e| Error::io(format!("read journal {}", jpath.display()), e))?;
-    let verdict = parse(&all);
-    let outcome = match verdict {
-        Err(why) => Recovery::Discarded(why.message().to_string()),
-        Ok((file_len, offset, bytes)) => {
-            let target = OpenOptions::new()
-                .write(true)
-                .open(path)
-                .map_err(|e| Error::io(format!("open {} for writing", path.display()), e))?;
-            let now = target
-                .metadata()
-                .map_err(|e| Error::io(format!("stat {}", path.display()), e))?
-                .len();
-            if now != file_len {
-                Recovery::Discarded(format!(
-                    "the journal is for a file of {file_len} bytes but {} has {now}",
-                    path.display()
-                ))
-            } else {
-                target
-                    .write_all_at(bytes, offset)
-                    .and_then(|_| target.sync_data())
-                    .map_err(|e| Error::io(format!("replay journal into {}", path.display()), e))?;
-                Recovery::Replayed {
-                    offset,
-                    len: bytes.len() as u64,
-                }
-            }
-        }
-    };
-    std::fs::remove_file(&jpath)
-        .map_err(|e| Error::io(format!("remove journal {}", jpath.display()), e))?;
-    sync_dir(&jpath)?;
-    Ok(outcome)
+/// A parsed journal: the model size it was written for and its ranges.
+struct Parsed {
+    file_len: u64,
+    ranges: Vec<ByteRange>,
+    data_start: u64,
 }
 
-/// (file size, offset, bytes) of a whole journal, or why it is torn.
-fn parse(all: &[u8]) -> Result<(u64, u64, &[u8])> {
-    if all.len() < HEADER_LEN + 4 || &all[..8] != MAGIC {
-        return Err(Error::invalid(format!(
-            "torn journal ({} bytes, no complete header)",
-            all.len()
+/// Why a journal is not replayed.
+enum Verdict {
+    /// Written by an interrupted commit that did not finish writing it: discard it.
+    Torn(String),
+    /// Not something a commit of this file can have written: leave it and refuse.
+    Untrusted(String),
+}
+
+/// Reads a journal's header, checking it against the model (a file of `file_len` bytes whose
+/// in-place writable ranges are `writable`) and the journal's own size.
+fn parse_header(
+    j: &File, size: u64, file_len: u64, writable: &[ByteRange],
+) -> std::result::Result<Parsed, Verdict> {
+    let torn = |what: String| Verdict::Torn(what);
+    let untrusted = |what: String| Verdict::Untrusted(what);
+    let mut head = [0u8; HEADER_LEN as usize];
+    if size < 8 {
+        return Err(torn(format!("{size} bytes, no complete header")));
+    }
+    let n = j
+        .read_at(&mut head, 0)
+        .map_err(|e| untrusted(format!("cannot read it: {e}")))?;
+    let magic = &head[..8];
+    let v1 = magic == MAGIC_V1;
+    if magic != MAGIC && !v1 {
+        return Err(untrusted(format!(
+            "it does not start with {} (found {:?})",
+            String::from_utf8_lossy(MAGIC),
+            String::from_utf8_lossy(magic)
         )));
     }
-    let u64_at = |i: usize| u64::from_le_bytes(all[i..i + 8].try_into().expect("8 bytes"));
-    let (file_len, offset, len) = (u64_at(8), u64_at(16), u64_at(24));
-    let expected = (HEADER_LEN as u64)
-        .checked_add(len)
-        .and_then(|n| n.checked_add(4));
-    if expected != Some(all.len() as u64) {
-        return Err(Error::invalid(format!(
-            "torn journal: {} bytes, expected {}",
-            all.len(),
-            HEADER_LEN as u64 + len + 4
+    if (n as u64) < HEADER_LEN {
+        return Err(torn(format!("{size} bytes, no complete header")));
+    }
+    let u64_at = |b: &[u8], i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+    let journal_file_len = u64_at(&head, 8);
+    if journal_file_len != file_len {
+        return Err(untrusted(format!(
+            "it is for a file of {journal_file_len} bytes, the model has {file_len}"
         )));
     }
-    let body_end = all.len() - 4;
+    let mut ranges = Vec::new();
+    let data_start;
+    if v1 {
+        // One range: offset at 16, length at 24.
+        let mut rest = [0u8; 8];
+        if size < 32
+            || j.read_at(&mut rest, 24)
+                .map_err(|e| untrusted(e.to_string()))?
+                < 8
+        {
+            return Err(torn(format!("{size} bytes, no complete header")));
+        }
+        let (offset, len) = (u64_at(&head, 16), u64::from_le_bytes(rest));
+        ranges.push((offset, len));
+        data_start = 32;
+    } else {
+        let count = u64_at(&head, 16);
+        // Ranges are disjoint and inside the file: there cannot be more than its bytes.
+        if count > file_len.max(1) {
+            return Err(untrusted(format!(
+                "it declares {count} ranges for a file of {file_len} bytes"
+            )));
+        }
+        let table_len = count * RANGE_LEN;
+        data_start = HEADER_LEN + table_len;
+        if size < data_start {
+            return Err(torn(format!("{size} bytes, shorter than its range table")));
+        }
+        let mut table = vec![0u8; table_len as usize];
+        j.read_exact_at(&mut table, HEADER_LEN)
+            .map_err(|e| untrusted(format!("cannot read it: {e}")))?;
+        for k in 0..count as usize {
+            ranges.push((u64_at(&table, k * 16), u64_at(&table, k * 16 + 8)));
+        }
+    }
+    let mut out = Vec::with_capacity(ranges.len());
+    let mut data_len = 0u64;
+    let mut end_of_previous = 0;
+    for (offset, len) in ranges {
+        let r = ByteRange::new(offset, len)
+            .filter(|r| r.end() <= file_len && offset >= end_of_previous)
+            .ok_or_else(|| {
+                untrusted(format!(
+                    "range {offset}+{len} is outside the file or out of order"
+                ))
+            })?;
+        if !writable
+            .iter()
+            .any(|w| w.start() <= r.start() && r.end() <= w.end())
+        {
+            return Err(untrusted(format!(
+                "range {offset}+{len} covers bytes no in-place commit writes (outside every segment and inline payload)"
+            )));
+        }
+        end_of_previous = r.end();
+        data_len += len;
+        out.push(r);
+    }
+    let declared = data_start + data_len + CRC_LEN;
+    if size > declared {
+        return Err(untrusted(format!(
+            "{size} bytes, more than the {declared} its header declares"
+        )));
+    }
+    if size < declared {
+        return Err(torn(format!("{size} bytes, expected {declared}")));
+    }
+    Ok(Parsed {
+        file_len,
+        ranges: out,
+        data_start,
+    })
+}
+
+/// Replays or discards a journal left beside `path` by an interrupted commit, or refuses
+/// (an error naming the journal and why) when it is not one this file's commits wrote.
+pub fn recover(path: &Path) -> Result<Recovery> {
+    let journal = journal_path(path);
+    if std::fs::symlink_metadata(&journal).is_err() {
+        return Ok(Recovery::None);
+    }
+    let model = ModelFile::open_writable(path)
+        .map_err(|e| Error::from(e).context("cannot check the journal of an interrupted commit"))?;
+    let beside = Beside::of(&model)?;
+    let name = journal_name(beside.model_name());
+    let shown = beside.shown(&name);
+    let refuse = |why: String| {
+        Error::new(
+            libc::EPERM,
+            format!("{shown}: not replayed: {why}; it was left in place (remove it if it is not from an interrupted ptefs commit)"),
+        )
+    };
+    let Some(j) = beside
+        .open_existing(&name)
+        .map_err(|e| refuse(e.message().to_string()))?
+    else {
+        return Ok(Recovery::None);
+    };
+    let meta = j
+        .metadata()
+        .map_err(|e| Error::io(format!("stat {shown}"), e))?;
+    if !meta.file_type().is_file() {
+        return Err(refuse("it is not a regular file".into()));
+    }
+    let model_meta = model
+        .file
+        .as_ref()
+        .and_then(|f| f.metadata().ok())
+        .ok_or_else(|| Error::new(libc::EIO, format!("cannot stat {}", path.display())))?;
+    if meta.uid() != model_meta.uid() {
+        return Err(refuse(format!(
+            "it belongs to uid {}, the model to uid {}",
+            meta.uid(),
+            model_meta.uid()
+        )));
+    }
+    if meta.mode() & 0o002 != 0 {
+        return Err(refuse(format!(
+            "anyone may write it (mode {:o})",
+            meta.mode() & 0o7777
+        )));
+    }
+    let file_len = model.bytes().len() as u64;
+    let parsed = match parse_header(&j, meta.len(), file_len, &model.writable_ranges()) {
+        Ok(p) => p,
+        Err(Verdict::Untrusted(why)) => return Err(refuse(why)),
+        Err(Verdict::Torn(why)) => return discard(&beside, &name, format!("torn journal: {why}")),
+    };
+    // Bounded: the header was checked against the file's size above.
+    let mut all = Vec::with_capacity(meta.len() as usize);
+    (&j).take(meta.len())
+        .read_to_end(&mut all)
+        .map_err(|e| Error::io(format!("read {shown}"), e))?;
+    if all.len() as u64 != meta.len() {
+        return discard(
+            &beside,
+            &name,
+            "torn journal: it changed while being read".into(),
+        );
+    }
+    let body_end = all.len() - CRC_LEN as usize;
     let sum = u32::from_le_bytes(all[body_end..].try_into().expect("4 bytes"));
     if crc32fast::hash(&all[..body_end]) != sum {
-        return Err(Error::invalid("torn journal: checksum mismatch"));
+        return discard(&beside, &name, "torn journal: checksum mismatch".into());
     }
-    if offset.checked_add(len).is_none_or(|e| e > file_len) {
-        return Err(Error::invalid(format!(
-            "journal range {offset}+{len} lies outside a file of {file_len} bytes"
-        )));
+    let target = model
+        .file
+        .as_ref()
+        .filter(|_| model.writable)
+        .ok_or_else(|| {
+            Error::new(
+                libc::EACCES,
+                format!("{} cannot be opened for writing", path.display()),
+            )
+        })?;
+    debug_assert_eq!(parsed.file_len, file_len);
+    let mut at = parsed.data_start as usize;
+    let mut bytes = 0;
+    for r in &parsed.ranges {
+        let data = &all[at..at + r.len() as usize];
+        target
+            .write_all_at(data, r.start())
+            .map_err(|e| Error::io(format!("replay {shown} into {}", path.display()), e))?;
+        at += r.len() as usize;
+        bytes += r.len();
     }
-    Ok((file_len, offset, &all[HEADER_LEN..body_end]))
+    target
+        .sync_data()
+        .map_err(|e| Error::io(format!("fsync {}", path.display()), e))?;
+    beside.remove(&name)?;
+    beside.sync()?;
+    Ok(Recovery::Replayed {
+        ranges: parsed.ranges.len(),
+        bytes,
+    })
+}
+
+fn discard(beside: &Beside, name: &str, why: String) -> Result<Recovery> {
+    beside.remove(name)?;
+    beside.sync()?;
+    Ok(Recovery::Discarded(why))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn temp_file(content: &[u8]) -> (tempfile::TempDir, PathBuf) {
+    /// A real model file (the fixture) copied into a temporary directory.
+    fn model_copy() -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("m.pte");
-        std::fs::write(&p, content).unwrap();
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/linear.pte");
+        std::fs::copy(src, &p).unwrap();
         (dir, p)
+    }
+
+    fn journal_bytes(file_len: u64, writes: &[RangeWrite]) -> Vec<u8> {
+        let mut j = encode_header(file_len, writes);
+        for (_, b) in writes {
+            j.extend_from_slice(b);
+        }
+        let sum = crc32fast::hash(&j);
+        j.extend_from_slice(&sum.to_le_bytes());
+        j
+    }
+
+    fn segment(p: &Path) -> ByteRange {
+        ModelFile::open(p).unwrap().writable_ranges()[0]
     }
 
     #[test]
     fn in_place_write_leaves_no_journal() {
-        let (_d, p) = temp_file(&[0u8; 100]);
-        write_in_place(&p, 100, 10, &[7u8; 5], || ()).unwrap();
+        let (_d, p) = model_copy();
+        let seg = segment(&p);
+        let model = ModelFile::open_writable(&p).unwrap();
+        let before = std::fs::read(&p).unwrap();
+        write_in_place(&model, &[(seg.start(), &[7u8; 4])], || ()).unwrap();
         let got = std::fs::read(&p).unwrap();
-        assert_eq!(&got[10..15], &[7u8; 5]);
-        assert_eq!(got.len(), 100);
-        assert!(!journal_path(&p).exists());
+        assert_eq!(
+            &got[seg.start() as usize..seg.start() as usize + 4],
+            &[7u8; 4]
+        );
+        assert_eq!(got.len(), before.len());
+        assert!(std::fs::symlink_metadata(journal_path(&p)).is_err());
         assert_eq!(recover(&p).unwrap(), Recovery::None);
     }
 
     #[test]
     fn whole_journal_is_replayed_and_torn_one_discarded() {
-        let (_d, p) = temp_file(&[0u8; 64]);
-        let h = header(64, 8, 4);
-        let mut j = h.to_vec();
-        j.extend_from_slice(&[9, 9, 9, 9]);
-        let sum = crc32fast::hash(&j);
-        j.extend_from_slice(&sum.to_le_bytes());
+        let (_d, p) = model_copy();
+        let seg = segment(&p);
+        let len = std::fs::metadata(&p).unwrap().len();
+        let original = std::fs::read(&p).unwrap();
+        let new = [9u8; 4];
+        let j = journal_bytes(len, &[(seg.start(), &new)]);
         for cut in 0..j.len() {
             std::fs::write(journal_path(&p), &j[..cut]).unwrap();
             assert!(
                 matches!(recover(&p).unwrap(), Recovery::Discarded(_)),
                 "cut {cut}"
             );
-            assert_eq!(std::fs::read(&p).unwrap(), vec![0u8; 64]);
+            assert_eq!(std::fs::read(&p).unwrap(), original);
+            assert!(std::fs::symlink_metadata(journal_path(&p)).is_err());
         }
         std::fs::write(journal_path(&p), &j).unwrap();
         assert_eq!(
             recover(&p).unwrap(),
-            Recovery::Replayed { offset: 8, len: 4 }
+            Recovery::Replayed {
+                ranges: 1,
+                bytes: 4
+            }
         );
-        assert_eq!(&std::fs::read(&p).unwrap()[8..12], &[9, 9, 9, 9]);
-        assert!(!journal_path(&p).exists());
+        let s = seg.start() as usize;
+        assert_eq!(&std::fs::read(&p).unwrap()[s..s + 4], &new);
+        assert!(std::fs::symlink_metadata(journal_path(&p)).is_err());
     }
 
     #[test]
-    fn refuses_when_file_changed_size() {
-        let (_d, p) = temp_file(&[0u8; 10]);
-        let e = write_in_place(&p, 20, 0, &[1], || ()).unwrap_err();
+    fn untrusted_journals_refuse_and_stay() {
+        let (_d, p) = model_copy();
+        let seg = segment(&p);
+        let len = std::fs::metadata(&p).unwrap().len();
+        let original = std::fs::read(&p).unwrap();
+        let jp = journal_path(&p);
+        let refused = |why: &str| {
+            let e = recover(&p).unwrap_err();
+            assert!(e.message().contains(why), "{e}");
+            assert!(std::fs::symlink_metadata(&jp).is_ok(), "{why}: removed");
+            assert_eq!(std::fs::read(&p).unwrap(), original, "{why}: replayed");
+            let _ = std::fs::remove_file(&jp);
+        };
+        // The header of the file itself: not a range any commit writes.
+        std::fs::write(&jp, journal_bytes(len, &[(0, &[0u8; 8])])).unwrap();
+        refused("no in-place commit writes");
+        // Longer than declared.
+        let mut long = journal_bytes(len, &[(seg.start(), &[1u8; 4])]);
+        long.extend_from_slice(&[0; 100]);
+        std::fs::write(&jp, long).unwrap();
+        refused("more than");
+        // Another file size.
+        std::fs::write(&jp, journal_bytes(len + 1, &[(seg.start(), &[1u8; 4])])).unwrap();
+        refused("the model has");
+        // Not ours.
+        std::fs::write(&jp, b"something else entirely").unwrap();
+        refused("does not start with");
+        // World-writable.
+        std::fs::write(&jp, journal_bytes(len, &[(seg.start(), &[1u8; 4])])).unwrap();
+        std::fs::set_permissions(&jp, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+        refused("anyone may write");
+        // A link to another file, and a FIFO (which must not hang the mount).
+        std::os::unix::fs::symlink("/dev/zero", &jp).unwrap();
+        refused("symbolic link");
+        let c = std::ffi::CString::new(jp.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        refused("not a regular file");
+    }
+
+    #[test]
+    fn a_planted_journal_name_blocks_the_commit_and_is_not_written() {
+        let (d, p) = model_copy();
+        let seg = segment(&p);
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        std::os::unix::fs::symlink(&victim, journal_path(&p)).unwrap();
+        let model = ModelFile::open_writable(&p).unwrap();
+        let before = std::fs::read(&p).unwrap();
+        let e = write_in_place(&model, &[(seg.start(), &[7u8; 4])], || ()).unwrap_err();
+        assert_eq!(e.errno(), libc::EEXIST, "{e}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        assert_eq!(std::fs::read(&p).unwrap(), before);
+    }
+
+    #[test]
+    fn refuses_when_the_file_was_replaced_or_changed_size() {
+        let (d, p) = model_copy();
+        let seg = segment(&p);
+        let model = ModelFile::open_writable(&p).unwrap();
+        // Same size, other file, renamed over the model's name.
+        let other = d.path().join("other");
+        std::fs::copy(&p, &other).unwrap();
+        std::fs::rename(&other, &p).unwrap();
+        let e = write_in_place(&model, &[(seg.start(), &[1u8; 4])], || ()).unwrap_err();
+        assert_eq!(e.errno(), libc::ESTALE, "{e}");
+        let model = ModelFile::open_writable(&p).unwrap();
+        let f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
+        f.set_len(model.bytes().len() as u64 + 10).unwrap();
+        let e = write_in_place(&model, &[(seg.start(), &[1u8; 4])], || ()).unwrap_err();
         assert!(e.message().contains("changed size"), "{e}");
-        assert_eq!(std::fs::read(&p).unwrap(), vec![0u8; 10]);
     }
 }

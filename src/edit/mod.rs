@@ -6,6 +6,7 @@
 //! writes a complete new file, checks it by parsing it back, and only then renames it over
 //! the original (`relayout`).
 
+mod beside;
 pub mod journal;
 pub mod relayout;
 pub mod validate;
@@ -34,13 +35,7 @@ pub fn commit<G>(
     match validate::plan(model, target, data)? {
         Plan::InPlace { location, bytes } => {
             let file = &model.files[location.file];
-            journal::write_in_place(
-                &file.path,
-                file.bytes().len() as u64,
-                location.range.start(),
-                bytes,
-                exclusive,
-            )?;
+            journal::write_in_place(file, &[(location.range.start(), bytes)], exclusive)?;
             Ok(Outcome::InPlace {
                 file: location.file,
                 range: location.range,

@@ -4,15 +4,19 @@
 //!
 //! Invariants: segment order and the file's own segment alignment are kept; segments that did
 //! not change are copied byte for byte (in the kernel, with `copy_file_range`); the original
-//! is untouched until the final rename, so a failure at any step leaves it as it was.
+//! is untouched until the final rename, so a failure at any step leaves it as it was; the new
+//! file has a name no other file has (`.<name>.ptefs-new.<pid>.<n>`, created exclusively, see
+//! `beside`), and is renamed over the model only while the model's name still names the
+//! mounted file.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::journal::sync_dir;
+use super::beside::Beside;
 use super::validate::Change;
 use crate::error::{Error, Result};
 use crate::format::generated::{ptd_fb, pte_fb};
@@ -28,13 +32,37 @@ use crate::format::{Kind, Model, ModelFile};
 const DEFAULT_SEGMENT_ALIGNMENT: u64 = 128;
 const MAX_ALIGNMENT: u64 = 1 << 16;
 
-/// `.<name>.ptefs-new`: where the new file is written before the rename.
-pub fn temp_path(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!(".{name}.ptefs-new"))
+/// `.<name>.ptefs-new.`: how the names of new files of model `name` start.
+fn temp_prefix(model_name: &str) -> String {
+    format!(".{model_name}.ptefs-new.")
+}
+
+/// A name for a new file of model `name` that no earlier commit used.
+fn temp_name(model_name: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{}{}.{}",
+        temp_prefix(model_name),
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// New files of an interrupted re-layout of `path` left in its directory.
+pub fn leftovers(path: &Path) -> Vec<PathBuf> {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Vec::new();
+    };
+    let prefix = temp_prefix(&name.to_string_lossy());
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The segment alignment a file was written with: the largest power of two dividing the
@@ -73,12 +101,16 @@ pub fn rewrite(model: &Model, file: FileIndex, change: &Change) -> Result<()> {
         Kind::Pte(pte) => plan_pte(mf, pte, change)?,
         Kind::Ptd(ptd) => plan_ptd(ptd, change)?,
     };
-    let tmp = temp_path(&mf.path);
-    let result = write_new_file(mf, &tmp, &plan)
-        .and_then(|_| check_new_file(mf, &tmp, &plan.sources))
-        .and_then(|_| replace(&mf.path, &tmp));
+    let beside = Beside::of(mf)?;
+    beside.check_model_named()?;
+    let tmp = temp_name(beside.model_name());
+    let out = beside.create(&tmp)?;
+    let shown = beside.shown(&tmp);
+    let result = write_new_file(mf, out, &shown, &plan)
+        .and_then(|out| check_new_file(mf, out, &shown, &plan.sources))
+        .and_then(|_| beside.replace_model(&tmp));
     if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+        let _ = beside.remove(&tmp);
     }
     result
 }
@@ -299,7 +331,8 @@ fn copy_range_buffered(
     Ok(())
 }
 
-fn write_new_file(mf: &ModelFile, tmp: &Path, plan: &NewLayout) -> Result<()> {
+/// Writes the new file into `out` (created empty) and returns it, durable.
+fn write_new_file(mf: &ModelFile, mut out: File, shown: &str, plan: &NewLayout) -> Result<File> {
     let NewLayout {
         head,
         base,
@@ -307,18 +340,10 @@ fn write_new_file(mf: &ModelFile, tmp: &Path, plan: &NewLayout) -> Result<()> {
         offsets,
     } = plan;
     let base = *base;
-    let shown = tmp.display();
     let src = mf
         .file
         .as_ref()
         .ok_or_else(|| Error::invalid("the model is not backed by a file"))?;
-    let mut out = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(tmp)
-        .map_err(io(format!("create {shown}")))?;
     out.write_all(head).map_err(io(format!("write {shown}")))?;
     let mut pos = head.len() as u64;
     let mut order: Vec<usize> = (0..sources.len()).collect();
@@ -344,20 +369,17 @@ fn write_new_file(mf: &ModelFile, tmp: &Path, plan: &NewLayout) -> Result<()> {
     let meta = src
         .metadata()
         .map_err(io(format!("stat {}", mf.path.display())))?;
-    // SAFETY: plain syscalls on an open descriptor.
-    unsafe {
-        libc::fchmod(out.as_raw_fd(), meta.mode() & 0o7777);
-        // Only root may give the file away; otherwise it stays ours, as the original was.
-        libc::fchown(out.as_raw_fd(), meta.uid(), meta.gid());
-    }
+    // The owner was set at creation; the mode waits until the bytes are complete.
+    // SAFETY: a plain system call on an open descriptor.
+    unsafe { libc::fchmod(out.as_raw_fd(), meta.mode() & 0o7777) };
     out.sync_all().map_err(io(format!("fsync {shown}")))?;
-    Ok(())
+    Ok(out)
 }
 
 /// Parses the new file back: it must open cleanly and its segments must have the sizes and
 /// bytes planned (unchanged segments are compared by size; their bytes were copied verbatim).
-fn check_new_file(old: &ModelFile, tmp: &Path, sources: &[Source]) -> Result<()> {
-    let new = ModelFile::open(tmp).map_err(|e| {
+fn check_new_file(old: &ModelFile, out: File, shown: &str, sources: &[Source]) -> Result<()> {
+    let new = ModelFile::from_file(PathBuf::from(shown), out, None, false).map_err(|e| {
         Error::new(
             libc::EIO,
             format!("the re-laid-out file does not parse back: {e}"),
@@ -393,19 +415,47 @@ fn check_new_file(old: &ModelFile, tmp: &Path, sources: &[Source]) -> Result<()>
     Ok(())
 }
 
-fn replace(path: &Path, tmp: &Path) -> Result<()> {
-    std::fs::rename(tmp, path).map_err(io(format!(
-        "rename {} over {}",
-        tmp.display(),
-        path.display()
-    )))?;
-    sync_dir(path)
-}
-
-/// Removes a new file left behind by a re-layout that was interrupted before its rename.
-pub fn remove_stale(path: &Path) -> Option<PathBuf> {
-    let tmp = temp_path(path);
-    std::fs::remove_file(&tmp).ok().map(|_| tmp)
+/// Removes new files an interrupted re-layout of `path` left behind; returns what it did,
+/// one sentence per file. Only regular files owned by the model's owner are removed (a
+/// re-layout creates nothing else); anything else with such a name is left alone.
+pub fn remove_stale(path: &Path) -> Vec<String> {
+    let found = leftovers(path);
+    if found.is_empty() {
+        return Vec::new();
+    }
+    let Ok(model) = ModelFile::open(path) else {
+        return Vec::new();
+    };
+    let Ok(beside) = Beside::of(&model) else {
+        return Vec::new();
+    };
+    let owner = model
+        .file
+        .as_ref()
+        .and_then(|f| f.metadata().ok())
+        .map(|m| m.uid());
+    let mut said = Vec::new();
+    for p in found {
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let ours = std::fs::symlink_metadata(&p)
+            .is_ok_and(|m| m.file_type().is_file() && Some(m.uid()) == owner);
+        if !ours {
+            said.push(format!(
+                "{}: left alone: not a regular file of the model's owner, so not left by a ptefs re-layout",
+                p.display()
+            ));
+        } else if beside.remove(&name).is_ok() {
+            said.push(format!(
+                "{}: removed {} left by an interrupted re-layout; the file is unchanged",
+                path.display(),
+                p.display()
+            ));
+        }
+    }
+    said
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! mapped for as long as it lives.
 
 use std::fs::File;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -13,6 +14,7 @@ use super::header::{detect_kind, FileKind};
 use super::layout::{locate_ptd, locate_pte, FileIndex, NamedBlob, PteLayout};
 use super::ptd::{parse_ptd, Ptd};
 use super::pte::{parse_pte, Pte};
+use super::range::ByteRange;
 use super::FormatError;
 
 #[derive(Debug, Clone)]
@@ -48,7 +50,16 @@ enum Backing {
 pub struct ModelFile {
     pub path: PathBuf,
     pub kind: Kind,
+    /// The descriptor the file was mapped from: commits write through it (when it was
+    /// opened for writing), never through the path, which another process may repoint.
     pub file: Option<File>,
+    /// The directory holding the file, opened with it: files beside the model (journals,
+    /// re-layout files) are created relative to it.
+    pub dir: Option<File>,
+    /// Device and inode of `file`, to tell whether `path` still names it.
+    pub identity: Option<(u64, u64)>,
+    /// Whether `file` was opened for writing.
+    pub writable: bool,
     backing: Backing,
 }
 
@@ -61,12 +72,63 @@ impl std::fmt::Debug for ModelFile {
     }
 }
 
+/// Opens `path` without following a symbolic link in its last component.
+fn open_nofollow(path: &Path, writable: bool) -> std::io::Result<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(writable)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
 impl ModelFile {
-    /// Maps and parses `path`. Errors start with the path.
+    /// Maps and parses `path`, read-only. Errors start with the path.
     pub fn open(path: &Path) -> Result<ModelFile, FormatError> {
+        ModelFile::open_with(path, false)
+    }
+
+    /// Maps and parses `path`, keeping a descriptor that commits can write through (or a
+    /// read-only one when the file cannot be opened for writing: commits then fail).
+    pub fn open_writable(path: &Path) -> Result<ModelFile, FormatError> {
+        ModelFile::open_with(path, true)
+    }
+
+    fn open_with(path: &Path, writable: bool) -> Result<ModelFile, FormatError> {
         let shown = path.display();
-        let file =
-            File::open(path).map_err(|e| FormatError::new(format!("{shown}: cannot open: {e}")))?;
+        // Absolute, so that xattrs and JSON name a path usable from any directory, and free
+        // of links: later opens of this path do not follow one planted at its end.
+        let path = path
+            .canonicalize()
+            .map_err(|e| FormatError::new(format!("{shown}: cannot open: {e}")))?;
+        let shown = path.display();
+        let opened = if writable {
+            open_nofollow(&path, true).map(|f| (f, true)).or_else(|e| {
+                if e.raw_os_error() == Some(libc::EACCES) || e.raw_os_error() == Some(libc::EROFS) {
+                    open_nofollow(&path, false).map(|f| (f, false))
+                } else {
+                    Err(e)
+                }
+            })
+        } else {
+            open_nofollow(&path, false).map(|f| (f, false))
+        };
+        let (file, writable) =
+            opened.map_err(|e| FormatError::new(format!("{shown}: cannot open: {e}")))?;
+        let dir = path.parent().and_then(|d| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+                .open(d)
+                .ok()
+        });
+        ModelFile::from_file(path, file, dir, writable)
+    }
+
+    /// Maps and parses an open file known as `path` (in directory `dir`).
+    pub fn from_file(
+        path: PathBuf, file: File, dir: Option<File>, writable: bool,
+    ) -> Result<ModelFile, FormatError> {
+        let shown = path.display();
         let meta = file
             .metadata()
             .map_err(|e| FormatError::new(format!("{shown}: cannot stat: {e}")))?;
@@ -88,12 +150,49 @@ impl ModelFile {
         };
         let kind = Kind::parse(bytes).map_err(|e| FormatError::new(format!("{shown}: {e}")))?;
         Ok(ModelFile {
-            // Absolute, so that xattrs and JSON name a path usable from any directory.
-            path: path.canonicalize().unwrap_or_else(|_| path.to_path_buf()),
+            identity: Some((meta.dev(), meta.ino())),
+            path,
             kind,
             file: Some(file),
+            dir,
+            writable,
             backing,
         })
+    }
+
+    /// Whether `path` still names the file that was opened (another process may have
+    /// renamed a different file over it); `Err` says what it names now.
+    pub fn still_named(&self) -> Result<(), String> {
+        let Some((dev, ino)) = self.identity else {
+            return Ok(());
+        };
+        match std::fs::symlink_metadata(&self.path) {
+            Ok(m) if m.dev() == dev && m.ino() == ino => Ok(()),
+            Ok(m) => Err(format!(
+                "{} was replaced under the mount (it now names inode {} on device {}, the mount has inode {ino} on device {dev})",
+                self.path.display(),
+                m.ino(),
+                m.dev()
+            )),
+            Err(e) => Err(format!(
+                "{} no longer names the mounted file: {e}",
+                self.path.display()
+            )),
+        }
+    }
+
+    /// The byte ranges an in-place commit may write: every segment and every inline
+    /// delegate payload (the parts of a file that writable tree files show).
+    pub fn writable_ranges(&self) -> Vec<ByteRange> {
+        match &self.kind {
+            Kind::Pte(p) => p
+                .segments
+                .iter()
+                .copied()
+                .chain(p.inline_delegate_data.iter().flatten().copied())
+                .collect(),
+            Kind::Ptd(p) => p.segments.clone(),
+        }
     }
 
     /// Parses bytes held in memory (tests, fuzzing, freshly written files).
@@ -103,6 +202,9 @@ impl ModelFile {
             path: path.to_path_buf(),
             kind,
             file: None,
+            dir: None,
+            identity: None,
+            writable: false,
             backing: Backing::Owned(bytes),
         })
     }
@@ -151,11 +253,24 @@ pub struct Model {
 }
 
 impl Model {
-    /// Opens the mounted file and its attached `.ptd` files and resolves every byte range.
+    /// Opens the mounted file and its attached `.ptd` files, read-only, and resolves every
+    /// byte range.
     pub fn open(path: &Path, data: &[impl AsRef<Path>]) -> Result<Model, FormatError> {
-        let mut files = vec![ModelFile::open(path)?];
+        Model::open_with(path, data, false)
+    }
+
+    /// `open`, with descriptors that commits write through.
+    pub fn open_writable(path: &Path, data: &[impl AsRef<Path>]) -> Result<Model, FormatError> {
+        Model::open_with(path, data, true)
+    }
+
+    fn open_with(
+        path: &Path, data: &[impl AsRef<Path>], writable: bool,
+    ) -> Result<Model, FormatError> {
+        let open = |p: &Path| ModelFile::open_with(p, writable);
+        let mut files = vec![open(path)?];
         for d in data {
-            files.push(ModelFile::open(d.as_ref())?);
+            files.push(open(d.as_ref())?);
         }
         Model::from_files(files)
     }
@@ -207,10 +322,11 @@ impl Model {
         })
     }
 
-    /// Opens the same files again (after a commit rewrote one of them).
+    /// Opens the same files again, as they were opened (after a commit rewrote one).
     pub fn reopen(&self) -> Result<Model, FormatError> {
         let paths = self.paths();
-        Model::open(&paths[0], &paths[1..])
+        let writable = self.files.iter().any(|f| f.writable);
+        Model::open_with(&paths[0], &paths[1..], writable)
     }
 
     /// The paths of the files, in their order.

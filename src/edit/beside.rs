@@ -1,0 +1,160 @@
+//! Files beside the model: journals and re-layout files, created and removed relative to the
+//! directory descriptor opened with the model, never through a path another user could
+//! repoint.
+//!
+//! Invariants: a file is created only with `O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0600, and
+//! given the model's owner, so a name planted by another user (a symbolic link, a FIFO, a
+//! file of theirs) makes the creation fail instead of being written through; an existing
+//! file is opened only with `O_NOFOLLOW | O_NONBLOCK` and checked (`fstat`) before it is
+//! trusted; the model is replaced only by `renameat` within that directory, after checking
+//! that its name still names the mounted file.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+
+use crate::error::{Error, Result};
+use crate::format::ModelFile;
+
+/// The directory of a model file and the model's name in it.
+pub struct Beside<'a> {
+    model: &'a ModelFile,
+    dir: &'a File,
+    name: String,
+}
+
+fn c_name(name: &str) -> Result<CString> {
+    CString::new(name).map_err(|_| Error::invalid(format!("{name:?}: a file name with NUL")))
+}
+
+fn last_error(what: impl std::fmt::Display) -> Error {
+    Error::io(what, std::io::Error::last_os_error())
+}
+
+impl<'a> Beside<'a> {
+    pub fn of(model: &'a ModelFile) -> Result<Beside<'a>> {
+        let dir = model.dir.as_ref().ok_or_else(|| {
+            Error::new(
+                libc::EIO,
+                format!("{}: its directory is not open", model.path.display()),
+            )
+        })?;
+        let name = model
+            .path
+            .file_name()
+            .map(|n| String::from_utf8_lossy(n.as_bytes()).into_owned())
+            .ok_or_else(|| Error::invalid(format!("{}: no file name", model.path.display())))?;
+        Ok(Beside { model, dir, name })
+    }
+
+    /// The model's file name.
+    pub fn model_name(&self) -> &str {
+        &self.name
+    }
+
+    /// `<dir>/<name>`, for messages.
+    pub fn shown(&self, name: &str) -> String {
+        self.model.path.with_file_name(name).display().to_string()
+    }
+
+    /// Creates `name` for writing: it must not exist in any form. Mode 0600, owned by the
+    /// model's owner.
+    pub fn create(&self, name: &str) -> Result<File> {
+        let c = c_name(name)?;
+        let flags =
+            libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_RDWR | libc::O_CLOEXEC;
+        // SAFETY: a valid directory descriptor and C string.
+        let fd = unsafe { libc::openat(self.dir.as_raw_fd(), c.as_ptr(), flags, 0o600) };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            let why = if e.raw_os_error() == Some(libc::EEXIST) {
+                " (something already has this name: ptefs never writes into a file it did not create)"
+            } else {
+                ""
+            };
+            return Err(Error::io(format!("create {}{why}", self.shown(name)), e));
+        }
+        // SAFETY: a descriptor just opened and owned here alone.
+        let file = unsafe { File::from_raw_fd(fd) };
+        if let Some(model) = &self.model.file {
+            let meta = model
+                .metadata()
+                .map_err(|e| Error::io(format!("stat {}", self.model.path.display()), e))?;
+            // Only root may give the file away; otherwise it stays ours, as the model is.
+            // SAFETY: a plain system call on an open descriptor.
+            unsafe { libc::fchown(file.as_raw_fd(), meta.uid(), meta.gid()) };
+        }
+        Ok(file)
+    }
+
+    /// Opens an existing `name` for reading without following a link and without blocking
+    /// on a FIFO; `None` when nothing has that name.
+    pub fn open_existing(&self, name: &str) -> Result<Option<File>> {
+        let c = c_name(name)?;
+        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
+        // SAFETY: a valid directory descriptor and C string.
+        let fd = unsafe { libc::openat(self.dir.as_raw_fd(), c.as_ptr(), flags) };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::ENOENT) => Ok(None),
+                Some(libc::ELOOP) => Err(Error::new(
+                    libc::EPERM,
+                    format!("{} is a symbolic link", self.shown(name)),
+                )),
+                _ => Err(Error::io(format!("open {}", self.shown(name)), e)),
+            };
+        }
+        // SAFETY: a descriptor just opened and owned here alone.
+        Ok(Some(unsafe { File::from_raw_fd(fd) }))
+    }
+
+    /// Removes `name` (a link is removed, not followed).
+    pub fn remove(&self, name: &str) -> Result<()> {
+        let c = c_name(name)?;
+        // SAFETY: a valid directory descriptor and C string.
+        if unsafe { libc::unlinkat(self.dir.as_raw_fd(), c.as_ptr(), 0) } != 0 {
+            return Err(last_error(format!("remove {}", self.shown(name))));
+        }
+        Ok(())
+    }
+
+    /// Makes the directory's entries durable.
+    pub fn sync(&self) -> Result<()> {
+        self.dir.sync_all().map_err(|e| {
+            Error::io(
+                format!("fsync of the directory of {}", self.model.path.display()),
+                e,
+            )
+        })
+    }
+
+    /// Fails with ESTALE when the model's name no longer names the mounted file.
+    pub fn check_model_named(&self) -> Result<()> {
+        self.model.still_named().map_err(|why| {
+            Error::new(
+                libc::ESTALE,
+                format!("{why}: refusing to commit into the file that now has its name"),
+            )
+        })
+    }
+
+    /// Renames `name` over the model, once the model's name still names the mounted file.
+    pub fn replace_model(&self, name: &str) -> Result<()> {
+        self.check_model_named()?;
+        let from = c_name(name)?;
+        let to = c_name(&self.name)?;
+        let dir = self.dir.as_raw_fd();
+        // SAFETY: valid descriptors and C strings.
+        if unsafe { libc::renameat(dir, from.as_ptr(), dir, to.as_ptr()) } != 0 {
+            return Err(last_error(format!(
+                "rename {} over {}",
+                self.shown(name),
+                self.model.path.display()
+            )));
+        }
+        self.sync()
+    }
+}
