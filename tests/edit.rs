@@ -256,7 +256,13 @@ fn partial_writes_and_truncate_stage_until_close() {
         before,
         "nothing before commit"
     );
-    assert_eq!(&fs.read(ino, 4, 4).unwrap().bytes(), &[1, 2, 3, 4]);
+    // The writer reads what it staged; everyone else the committed bytes.
+    let staged = fs.read_with(ino, Some(fh), 4, 4, |b| b.to_vec()).unwrap();
+    assert_eq!(staged, [1, 2, 3, 4]);
+    assert_eq!(
+        fs.read(ino, 4, 4).unwrap().bytes(),
+        &before[off + 4..off + 8]
+    );
     fs.fsync(fh).unwrap();
     let mut want = before.clone();
     want[off + 4..off + 8].copy_from_slice(&[1, 2, 3, 4]);
@@ -514,15 +520,25 @@ fn random_edit_sequences_match_reference_model() {
                     let off = hdr as u64 + rng.below((old.len() - hdr) as u64 + 2);
                     let len = 1 + rng.below(8) as usize;
                     let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
-                    fs.write(fh, off, &data).unwrap();
                     let end = off as usize + len;
                     if proposed.len() < end {
                         proposed.resize(end, 0);
                     }
                     proposed[off as usize..end].copy_from_slice(&data);
-                    let r = fs.flush(fh).map(|_| ());
-                    fs.release(fh).unwrap();
-                    r
+                    match fs.write(fh, off, &data) {
+                        // Past what the file can ever hold: refused at the write.
+                        Err(e) => {
+                            assert_eq!(e.errno(), libc::EFBIG, "{e}");
+                            fs.release(fh).unwrap();
+                            Err(e)
+                        }
+                        Ok(_) => {
+                            let r = fs.flush(fh).map(|_| ());
+                            // The last close tries again, and is refused again.
+                            assert_eq!(fs.release(fh).is_ok(), r.is_ok());
+                            r
+                        }
+                    }
                 }
                 2 => {
                     let size = if rng.below(2) == 0 {
@@ -628,7 +644,7 @@ fn random_edit_sequences_match_reference_model() {
 }
 
 #[test]
-fn a_refused_commit_sticks_to_its_handle() {
+fn a_refused_flush_keeps_the_handle_usable() {
     let c = copy_fixture("linear.pte");
     let fs = open(&c, false);
     let before = std::fs::read(&c.model).unwrap();
@@ -638,49 +654,96 @@ fn a_refused_commit_sticks_to_its_handle() {
     let refused = fs.flush(fh).unwrap_err();
     assert_eq!(refused.errno(), libc::EINVAL);
     assert!(refused.message().contains("48"), "{}", refused.message());
-    // The refusal discarded the staged bytes: a later write through the same handle must not
-    // land on the old file's bytes and commit a mix.
-    assert_eq!(fs.write(fh, 40, &pattern(8, 2)).unwrap_err(), refused);
-    assert_eq!(fs.flush(fh).unwrap_err(), refused);
-    assert_eq!(fs.fsync(fh).unwrap_err(), refused);
-    fs.release(fh).unwrap();
+    // fsync of content that is not a valid whole yet writes nothing and succeeds.
+    fs.fsync(fh).unwrap();
     assert_eq!(std::fs::read(&c.model).unwrap(), before);
-    // A new handle starts afresh.
-    replace(&fs, "plans/forward/values/0.bin", &pattern(48, 3)).unwrap();
-    assert_eq!(read_all(&fs, ino), pattern(48, 3));
+    // The staged bytes were kept: the rest of the tensor completes them.
+    fs.write(fh, 40, &pattern(8, 2)).unwrap();
+    fs.flush(fh).unwrap();
+    fs.release(fh).unwrap();
+    let mut want = pattern(40, 1);
+    want.extend(pattern(8, 2));
+    assert_eq!(read_all(&fs, ino), want);
+    // An empty write fails at close, and at the last close too; nothing changes.
+    let on_disk = std::fs::read(&c.model).unwrap();
+    let fh = fs.open(ino, libc::O_WRONLY | libc::O_TRUNC).unwrap().fh;
+    assert_eq!(fs.flush(fh).unwrap_err().errno(), libc::EINVAL);
+    assert_eq!(fs.release(fh).unwrap_err().errno(), libc::EINVAL);
+    assert_eq!(std::fs::read(&c.model).unwrap(), on_disk);
 }
 
 #[test]
-fn flush_commits_only_what_its_handle_wrote() {
+fn each_handle_stages_and_commits_its_own_bytes() {
     let c = copy_fixture("linear.pte");
     let fs = open(&c, false);
     let before = std::fs::read(&c.model).unwrap();
     let ino = fs.tree().find("plans/forward/values/0.bin").unwrap();
     // A shell's `cmd > file`: open with O_TRUNC, close a duplicate before anything is
-    // written, then write through the other descriptor.
+    // written (refused: nothing valid yet), then write through the other descriptor.
     let fh = fs.open(ino, libc::O_WRONLY | libc::O_TRUNC).unwrap().fh;
-    fs.flush(fh).unwrap();
+    assert_eq!(fs.flush(fh).unwrap_err().errno(), libc::EINVAL);
     assert_eq!(std::fs::read(&c.model).unwrap(), before);
     fs.write(fh, 0, &pattern(48, 4)).unwrap();
     fs.flush(fh).unwrap();
     assert_ne!(std::fs::read(&c.model).unwrap(), before);
     fs.release(fh).unwrap();
     assert_eq!(read_all(&fs, ino), pattern(48, 4));
-    // fsync commits what another handle staged.
+    // Another handle neither sees nor commits a writer's staged bytes.
     let writer = fs.open(ino, libc::O_RDWR).unwrap().fh;
-    let syncer = fs.open(ino, libc::O_RDWR).unwrap().fh;
+    let other = fs.open(ino, libc::O_RDWR).unwrap().fh;
     fs.write(writer, 0, &[7]).unwrap();
-    fs.flush(syncer).unwrap();
     assert_eq!(
-        read_all(&fs, ino)[0],
-        7,
-        "staged bytes are visible to readers"
+        read_all(&fs, ino),
+        pattern(48, 4),
+        "readers see committed bytes"
     );
     let on_disk = std::fs::read(&c.model).unwrap();
-    fs.fsync(syncer).unwrap();
-    assert_ne!(std::fs::read(&c.model).unwrap(), on_disk);
+    fs.fsync(other).unwrap();
+    fs.flush(other).unwrap();
+    assert_eq!(std::fs::read(&c.model).unwrap(), on_disk);
+    // A refused writer does not disturb another's good commit.
+    let bad = fs.open(ino, libc::O_WRONLY | libc::O_TRUNC).unwrap().fh;
+    fs.write(bad, 0, &[1; 40]).unwrap();
+    assert!(fs.flush(bad).is_err());
+    fs.fsync(writer).unwrap();
+    let mut want = pattern(48, 4);
+    want[0] = 7;
+    assert_eq!(read_all(&fs, ino), want);
+    assert!(fs.release(bad).is_err());
     fs.release(writer).unwrap();
-    fs.release(syncer).unwrap();
+    fs.release(other).unwrap();
+    assert_eq!(read_all(&fs, ino), want);
+}
+
+#[test]
+fn sizes_a_file_can_never_have_are_refused_at_the_request() {
+    let c = copy_fixture("linear.pte");
+    let fs = open(&c, false);
+    let before = std::fs::read(&c.model).unwrap();
+    let ino = fs.tree().find("plans/forward/values/0.bin").unwrap();
+    let fh = fs.open(ino, libc::O_RDWR).unwrap().fh;
+    assert_eq!(
+        fs.write(fh, 1 << 40, b"x").unwrap_err().errno(),
+        libc::EFBIG
+    );
+    assert_eq!(fs.write(fh, 48, b"x").unwrap_err().errno(), libc::EFBIG);
+    let grow = SetAttr {
+        size: Some(1 << 40),
+        fh: Some(fh),
+        ..SetAttr::default()
+    };
+    assert_eq!(fs.setattr(ino, grow).unwrap_err().errno(), libc::EFBIG);
+    fs.release(fh).unwrap();
+    assert_eq!(
+        truncate(&fs, ino, 1 << 40).unwrap_err().errno(),
+        libc::EFBIG
+    );
+    // A scratch file has a documented limit too.
+    let values = fs.tree().find("plans/forward/values").unwrap();
+    let s = fs.create(values, "big", libc::O_WRONLY).unwrap().1.fh;
+    assert_eq!(fs.write(s, 1 << 40, b"x").unwrap_err().errno(), libc::EFBIG);
+    fs.release(s).unwrap();
+    assert_eq!(std::fs::read(&c.model).unwrap(), before);
 }
 
 #[test]

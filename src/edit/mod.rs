@@ -27,6 +27,11 @@ pub enum Outcome {
     Relayout { file: FileIndex },
 }
 
+/// Checks `data` as the new content of the file behind `target`, without writing anything.
+pub fn validate(model: &Model, target: &WriteTarget, data: &[u8]) -> Result<()> {
+    validate::plan(model, target, data).map(|_| ())
+}
+
 /// Validates `data` as the new content of the file behind `target`, then writes it.
 /// `exclusive` is held while bytes that readers may be mapping change in place.
 pub fn commit<G>(

@@ -78,7 +78,7 @@ impl Fs {
         };
         Ok(Attr {
             ino,
-            size: self.staging.size(ino).unwrap_or_else(|| tree.size(ino)),
+            size: tree.size(ino),
             kind,
             perm,
             nlink,

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use super::invalidate::Invalidate;
+use super::staging::Staged;
 use super::Fs;
 use crate::edit::{self, Outcome};
 use crate::error::{Error, Result};
@@ -56,22 +57,16 @@ pub fn reload(tree: &Tree) -> Result<Tree> {
 }
 
 impl Fs {
-    /// Commits the staged bytes of tree file `ino` if a writer changed them.
-    pub(super) fn commit_staged(&self, ino: Ino) -> Result<Invalidate> {
+    /// Commits `staged` as the new content of tree file `ino`.
+    pub(super) fn commit_staged(&self, ino: Ino, staged: &Staged) -> Result<Invalidate> {
+        let bytes = staged.bytes()?;
         let _one_at_a_time = self.commit_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(data) = self.staging.take_dirty(ino) else {
-            return Ok(Invalidate::default());
-        };
-        let result = self.commit_bytes(ino, &data);
-        if result.is_ok() {
-            self.staging.committed(ino, data);
-        }
-        result
+        self.commit_bytes(ino, &bytes)
     }
 
     /// Validates `data` as the new content of tree file `ino`, writes it, and switches to
     /// the new snapshot. The caller holds `commit_lock`.
-    pub(super) fn commit_bytes(&self, ino: Ino, data: &[u8]) -> Result<Invalidate> {
+    fn commit_bytes(&self, ino: Ino, data: &[u8]) -> Result<Invalidate> {
         let tree = self.tree();
         let node = tree
             .node(ino)

@@ -1,12 +1,16 @@
-//! Open file handles: what each one writes to, and what happened through it.
+//! Open file handles: what each one reads and writes, and a writer's own staged content.
 //!
-//! Invariant: a handle's target is resolved once, at open: a tree file (a renamed scratch
-//! file's inode resolves to the file it replaced) or a scratch file.
+//! Invariants: a handle's target is resolved once, at open: a tree file (a renamed scratch
+//! file's inode resolves to the file it replaced) or a scratch file. A writer of a tree file
+//! stages its own copy (per handle: another writer's bytes, or a refusal of them, never mix
+//! with it); until it is committed, other opens read the committed bytes. Each handle has its
+//! own lock, so handles do not wait for each other's copies or commits.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::staging::Staged;
 use crate::error::{Error, Result};
 use crate::tree::Ino;
 
@@ -15,59 +19,55 @@ use crate::tree::Ino;
 pub(super) enum Target {
     /// A file of the tree: writes are staged, then committed into the model file.
     Tree(Ino),
-    /// An editor's scratch file, held in memory.
+    /// An editor's scratch file, held by the daemon.
     Scratch(Ino),
 }
 
-#[derive(Debug, Clone)]
 pub(super) struct Handle {
     pub target: Target,
     pub writable: bool,
-    /// Wrote or truncated since its last commit.
-    pub wrote: bool,
-    /// The refusal of a commit through this handle: every later write, truncate, flush and
-    /// fsync through it fails the same way, so the final close reports it and no later write
-    /// combines with bytes the refusal discarded.
-    pub failed: Option<Error>,
+    /// A writer's copy of a tree file: None until its first write or truncate (opening
+    /// alone copies nothing), then the content it will commit.
+    pub staged: Option<Staged>,
+    /// The staged content changed since the last commit (an `O_TRUNC` open counts).
+    pub dirty: bool,
+}
+
+pub(super) type Shared = Arc<Mutex<Handle>>;
+
+pub(super) fn lock(h: &Shared) -> MutexGuard<'_, Handle> {
+    h.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[derive(Default)]
 pub(super) struct Handles {
     next: AtomicU64,
-    open: Mutex<HashMap<u64, Handle>>,
+    open: Mutex<HashMap<u64, Shared>>,
 }
 
 impl Handles {
-    fn open(&self) -> MutexGuard<'_, HashMap<u64, Handle>> {
+    fn open(&self) -> MutexGuard<'_, HashMap<u64, Shared>> {
         self.open.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn insert(&self, target: Target, writable: bool) -> u64 {
+    pub fn insert(&self, handle: Handle) -> u64 {
         let fh = self.next.fetch_add(1, Ordering::Relaxed) + 1;
-        self.open().insert(
-            fh,
-            Handle {
-                target,
-                writable,
-                wrote: false,
-                failed: None,
-            },
-        );
+        self.open().insert(fh, Arc::new(Mutex::new(handle)));
         fh
     }
 
-    /// Applies `update` to handle `fh` and returns what it was before.
-    pub fn update(&self, fh: u64, update: impl FnOnce(&mut Handle)) -> Result<Handle> {
-        let mut open = self.open();
-        let h = open
-            .get_mut(&fh)
-            .ok_or_else(|| Error::new(libc::EBADF, format!("unknown file handle {fh}")))?;
-        let before = h.clone();
-        update(h);
-        Ok(before)
+    pub fn get(&self, fh: u64) -> Result<Shared> {
+        self.open()
+            .get(&fh)
+            .cloned()
+            .ok_or_else(|| Error::new(libc::EBADF, format!("unknown file handle {fh}")))
     }
 
-    pub fn remove(&self, fh: u64) -> Option<Handle> {
+    pub fn remove(&self, fh: u64) -> Option<Shared> {
         self.open().remove(&fh)
+    }
+
+    pub fn all(&self) -> Vec<Shared> {
+        self.open().values().cloned().collect()
     }
 }

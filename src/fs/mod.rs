@@ -135,7 +135,8 @@ pub struct Fs {
     identity: RwLock<Identity>,
     pub options: Options,
     handles: handles::Handles,
-    staging: staging::Staging,
+    /// Where staged content spills: the model's directory.
+    spill_dir: Option<Arc<std::fs::File>>,
     scratch: scratch::ScratchFiles,
     dirs: dirs::DirHandles,
     invalidator: Arc<dyn Invalidator>,
@@ -159,12 +160,17 @@ impl Fs {
             .and_then(|f| f.metadata().ok())
             .map(|m| Identity::of(&m))
             .unwrap_or_else(Identity::unknown);
+        let spill_dir = tree.model.files[0]
+            .dir
+            .as_ref()
+            .and_then(|d| d.try_clone().ok())
+            .map(Arc::new);
         Fs {
             tree: RwLock::new(Arc::new(tree)),
             identity: RwLock::new(identity),
             options,
             handles: Default::default(),
-            staging: Default::default(),
+            spill_dir,
             scratch: Default::default(),
             dirs: Default::default(),
             invalidator,
@@ -257,28 +263,48 @@ impl Fs {
         }
     }
 
+    /// The attributes everyone sees: committed sizes.
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
         self.attr_in(&self.tree(), self.canonical_ino(ino))
     }
 
-    /// A read as an owned value (offline commands, tests). The mount uses `read_with`.
+    /// The attributes seen through handle `fh` (`fstat`): a writer sees the size of what it
+    /// staged.
+    pub fn getattr_via(&self, ino: Ino, fh: Option<u64>) -> Result<Attr> {
+        let mut attr = self.getattr(ino)?;
+        if let Some(h) = fh.and_then(|fh| self.handles.get(fh).ok()) {
+            if let Some(staged) = &handles::lock(&h).staged {
+                attr.size = staged.len();
+            }
+        }
+        Ok(attr)
+    }
+
+    /// A read of what everyone sees (committed bytes, or a scratch file's), as an owned
+    /// value (offline commands, tests). The mount uses `read_with`.
     pub fn read(&self, ino: Ino, offset: u64, size: u32) -> Result<ReadData> {
         let ino = self.canonical_ino(ino);
         let tree = self.tree();
-        if let Some(bytes) = self.scratch.read(ino, offset, size) {
-            return Ok(ReadData::owned(tree, bytes));
-        }
-        if let Some(bytes) = self.staging.read(ino, offset, size) {
-            return Ok(ReadData::owned(tree, bytes));
+        if let Some(content) = self.scratch.content(ino) {
+            return Ok(ReadData::owned(
+                tree,
+                scratch::lock(&content).read(offset, size)?,
+            ));
         }
         read::read(tree, ino, offset, size)
     }
 
-    /// Hands `reply` the bytes of a read while no commit can change them, after asking the
-    /// kernel to bring what follows into the page cache.
+    /// Hands `reply` the bytes of a read through handle `fh` while no commit can change
+    /// them: a writer reads what it staged, everyone else the committed bytes. Asks the
+    /// kernel first to bring what follows into the page cache.
     pub fn read_with<R>(
-        &self, ino: Ino, offset: u64, size: u32, reply: impl FnOnce(&[u8]) -> R,
+        &self, ino: Ino, fh: Option<u64>, offset: u64, size: u32, reply: impl FnOnce(&[u8]) -> R,
     ) -> Result<R> {
+        if let Some(h) = fh.and_then(|fh| self.handles.get(fh).ok()) {
+            if let Some(staged) = &handles::lock(&h).staged {
+                return Ok(reply(&staged.read(offset, size)?));
+            }
+        }
         read::read_ahead(&self.tree(), self.canonical_ino(ino), offset, size);
         let _gate = self.gate.read().unwrap_or_else(|e| e.into_inner());
         let data = self.read(ino, offset, size)?;

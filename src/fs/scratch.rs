@@ -1,7 +1,8 @@
-//! Editors' scratch files: new files created in a writable directory, held by the daemon in
-//! memory. They never reach the model file except by being renamed onto a writable file
-//! (a commit of their bytes as that file's content); from then on the scratch inode stands
-//! for that file, since the kernel knows the new name by it.
+//! Editors' scratch files: new files created in a writable directory, held by the daemon
+//! (in memory, spilling to an unnamed temporary file when large). They never reach the model
+//! file except by being renamed onto a writable file (a commit of their bytes as that file's
+//! content); from then on the scratch inode stands for that file, since the kernel knows the
+//! new name by it.
 //!
 //! Invariant: scratch inode numbers start at `SCRATCH_BASE`, far above any tree node, and are
 //! never reused; names are unique per directory among scratch files and tree files alike
@@ -9,19 +10,24 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use crate::error::{Error, Result};
+use super::staging::Staged;
 use crate::tree::Ino;
 
 /// Scratch files get inode numbers far above any tree node.
 const SCRATCH_BASE: Ino = 1 << 48;
 
-#[derive(Debug)]
+pub(super) type Content = Arc<Mutex<Staged>>;
+
+pub(super) fn lock(c: &Content) -> MutexGuard<'_, Staged> {
+    c.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 struct Scratch {
     parent: Ino,
     name: String,
-    data: Vec<u8>,
+    content: Content,
 }
 
 #[derive(Default)]
@@ -32,59 +38,19 @@ pub(super) struct ScratchFiles {
     renamed: RwLock<HashMap<Ino, Ino>>,
 }
 
-fn not_found(ino: Ino) -> Error {
-    Error::not_found(format!("scratch inode {ino}"))
-}
-
-/// Writes `data` at `offset` of `buf`, growing it with zeros.
-pub(super) fn write_at(buf: &mut Vec<u8>, offset: u64, data: &[u8]) -> Result<()> {
-    let end = offset
-        .checked_add(data.len() as u64)
-        .and_then(|e| usize::try_from(e).ok())
-        .ok_or_else(|| {
-            Error::new(
-                libc::EFBIG,
-                format!("write at offset {offset} is too large"),
-            )
-        })?;
-    if buf.len() < end {
-        buf.resize(end, 0);
-    }
-    buf[offset as usize..end].copy_from_slice(data);
-    Ok(())
-}
-
-/// `[offset, offset + size)` of `data`, clamped to its end.
-pub(super) fn window(data: &[u8], offset: u64, size: u32) -> Vec<u8> {
-    let start = offset.min(data.len() as u64) as usize;
-    let end = offset.saturating_add(size as u64).min(data.len() as u64) as usize;
-    data[start..end].to_vec()
-}
-
-pub(super) fn resize(buf: &mut Vec<u8>, size: u64) -> Result<()> {
-    let size = usize::try_from(size)
-        .map_err(|_| Error::new(libc::EFBIG, format!("size {size} is too large")))?;
-    buf.resize(size, 0);
-    Ok(())
-}
-
 impl ScratchFiles {
     fn files(&self) -> MutexGuard<'_, HashMap<Ino, Scratch>> {
         self.files.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn with<T>(&self, ino: Ino, f: impl FnOnce(&mut Scratch) -> Result<T>) -> Result<T> {
-        f(self.files().get_mut(&ino).ok_or_else(|| not_found(ino))?)
-    }
-
-    pub fn create(&self, parent: Ino, name: &str) -> Ino {
+    pub fn create(&self, parent: Ino, name: &str, content: Staged) -> Ino {
         let ino = SCRATCH_BASE + self.next.fetch_add(1, Ordering::Relaxed);
         self.files().insert(
             ino,
             Scratch {
                 parent,
                 name: name.to_string(),
-                data: Vec::new(),
+                content: Arc::new(Mutex::new(content)),
             },
         );
         ino
@@ -113,32 +79,16 @@ impl ScratchFiles {
         v
     }
 
+    /// The content of scratch file `ino`, if it is one.
+    pub fn content(&self, ino: Ino) -> Option<Content> {
+        if ino < SCRATCH_BASE {
+            return None;
+        }
+        self.files().get(&ino).map(|s| s.content.clone())
+    }
+
     pub fn size(&self, ino: Ino) -> Option<u64> {
-        if ino < SCRATCH_BASE {
-            return None;
-        }
-        self.files().get(&ino).map(|s| s.data.len() as u64)
-    }
-
-    pub fn read(&self, ino: Ino, offset: u64, size: u32) -> Option<Vec<u8>> {
-        if ino < SCRATCH_BASE {
-            return None;
-        }
-        self.files()
-            .get(&ino)
-            .map(|s| window(&s.data, offset, size))
-    }
-
-    pub fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<()> {
-        self.with(ino, |s| write_at(&mut s.data, offset, data))
-    }
-
-    pub fn set_len(&self, ino: Ino, size: u64) -> Result<()> {
-        self.with(ino, |s| resize(&mut s.data, size))
-    }
-
-    pub fn bytes(&self, ino: Ino) -> Result<Vec<u8>> {
-        self.with(ino, |s| Ok(s.data.clone()))
+        self.content(ino).map(|c| lock(&c).len())
     }
 
     pub fn remove(&self, ino: Ino) {

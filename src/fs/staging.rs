@@ -1,156 +1,291 @@
-//! Staged content of tree files being written: the bytes a commit will validate.
+//! Staged content: the bytes an open file holds until they are committed (a writer's copy of
+//! a tree file) or for as long as it lives (a scratch file).
 //!
-//! Invariants: a file has one staging area shared by all its open writers, so writers in turn
-//! see each other's bytes; nothing is copied until the first write or truncate; `dirty`
-//! says whether the staged bytes differ from what was last committed.
+//! Invariants: the first `SPILL_AT` bytes live in memory; beyond that the content moves to an
+//! unnamed temporary file (`O_TMPFILE`, in the model's directory, else in `$TMPDIR`), so a
+//! multi-GiB write needs neither its size in RAM nor a daemon that grows; every size is
+//! checked against the file's limit before anything is allocated, and memory is reserved
+//! fallibly, so a request can fail with EFBIG or ENOMEM but never abort the daemon.
 
-use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::fs::File;
+use std::ops::Deref;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::FileExt;
 
-use super::scratch::{resize, window, write_at};
-use crate::error::Result;
-use crate::tree::Ino;
+use crate::error::{Error, Result};
 
-#[derive(Debug, Default)]
-struct Staged {
-    /// None until the first write or truncate: opening alone copies nothing.
-    data: Option<Vec<u8>>,
-    dirty: bool,
-    /// Open write handles of the file.
-    writers: usize,
+/// Staged content beyond this size spills to a temporary file.
+pub const SPILL_AT: u64 = 64 << 20;
+
+enum Buffer {
+    Memory(Vec<u8>),
+    Spilled { file: File, len: u64 },
 }
 
-#[derive(Default)]
-pub(super) struct Staging {
-    files: Mutex<HashMap<Ino, Staged>>,
+/// The content of one open file, with the limit its size may not exceed.
+pub struct Staged {
+    buffer: Buffer,
+    /// The largest size this content may take (what the file it becomes can hold).
+    limit: u64,
+    /// What the limit is, for messages ("FLOAT[3,4] holds 48 bytes").
+    limit_reason: String,
+    /// Where a spill file goes first (the model's directory), if open.
+    spill_dir: Option<std::sync::Arc<File>>,
 }
 
-/// An empty buffer with room for `capacity` staged bytes. A large one asks for transparent
-/// huge pages: touching 64 MiB of new 4 KiB pages costs more than copying the bytes into them.
-pub(super) fn staging_buffer(capacity: usize) -> Vec<u8> {
-    const PAGE: usize = 4096;
-    let v = Vec::with_capacity(capacity);
-    if capacity >= 2 << 20 {
-        let start = (v.as_ptr() as usize).next_multiple_of(PAGE);
-        let end = (v.as_ptr() as usize + capacity) / PAGE * PAGE;
-        // SAFETY: advice on whole pages inside the buffer's own allocation; it changes
-        // how they are backed, never their contents.
-        unsafe {
-            libc::madvise(
-                start as *mut libc::c_void,
-                end.saturating_sub(start),
-                libc::MADV_HUGEPAGE,
+/// The bytes of staged content for a commit: a slice of memory, or a mapping of the spill
+/// file.
+pub enum StagedBytes<'a> {
+    Memory(&'a [u8]),
+    Mapped(memmap2::Mmap),
+    Empty,
+}
+
+impl Deref for StagedBytes<'_> {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            StagedBytes::Memory(b) => b,
+            StagedBytes::Mapped(m) => m,
+            StagedBytes::Empty => &[],
+        }
+    }
+}
+
+/// An unnamed file for spilled content: `O_TMPFILE` in `dir`, else in the temporary
+/// directory. Nobody else can open it, and it disappears with its descriptor.
+fn unnamed_file(dir: Option<&File>) -> Result<File> {
+    let flags = libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC;
+    if let Some(dir) = dir {
+        // SAFETY: a valid directory descriptor and a constant C string.
+        let fd = unsafe { libc::openat(dir.as_raw_fd(), c".".as_ptr(), flags, 0o600) };
+        if fd >= 0 {
+            // SAFETY: a descriptor just opened and owned here alone.
+            return Ok(unsafe { File::from_raw_fd(fd) });
+        }
+    }
+    let tmp = std::env::temp_dir();
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags_tmpfile()
+        .open(&tmp)
+        .map_err(|e| Error::io(format!("create a temporary file in {}", tmp.display()), e))
+}
+
+/// `O_TMPFILE` for `OpenOptions`.
+trait TmpFile {
+    fn custom_flags_tmpfile(&mut self) -> &mut Self;
+}
+
+impl TmpFile for std::fs::OpenOptions {
+    fn custom_flags_tmpfile(&mut self) -> &mut Self {
+        use std::os::unix::fs::OpenOptionsExt;
+        self.custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
+            .mode(0o600)
+    }
+}
+
+fn grow(v: &mut Vec<u8>, len: usize) -> Result<()> {
+    if len > v.len() {
+        v.try_reserve_exact(len - v.len()).map_err(|_| {
+            Error::new(
+                libc::ENOMEM,
+                format!("cannot hold {len} bytes of staged content in memory"),
             )
-        };
+        })?;
     }
-    v
+    v.resize(len, 0);
+    Ok(())
 }
 
-impl Staging {
-    fn files(&self) -> MutexGuard<'_, HashMap<Ino, Staged>> {
-        self.files.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// A writer opens `ino`; with `truncate_to`, the staged content starts empty, with room
-    /// for that many bytes.
-    pub fn open_writer(&self, ino: Ino, truncate_to: Option<usize>) {
-        let mut files = self.files();
-        let s = files.entry(ino).or_default();
-        s.writers += 1;
-        if let Some(capacity) = truncate_to {
-            s.data = Some(staging_buffer(capacity));
-            s.dirty = true;
+impl Staged {
+    /// Empty content that may grow to `limit` bytes.
+    pub fn new(
+        limit: u64, limit_reason: impl Into<String>, spill_dir: Option<std::sync::Arc<File>>,
+    ) -> Staged {
+        Staged {
+            buffer: Buffer::Memory(Vec::new()),
+            limit,
+            limit_reason: limit_reason.into(),
+            spill_dir,
         }
     }
 
-    /// A writer of `ino` is gone; the staging area goes with the last one.
-    pub fn close_writer(&self, ino: Ino) {
-        let mut files = self.files();
-        if let Some(s) = files.get_mut(&ino) {
-            s.writers = s.writers.saturating_sub(1);
-            if s.writers == 0 {
-                files.remove(&ino);
+    /// Reserves room for `capacity` bytes in memory (when they would not spill), so the
+    /// writes that fill a replaced file do not reallocate. A large buffer asks for
+    /// transparent huge pages: touching 64 MiB of new 4 KiB pages costs more than copying the
+    /// bytes into them.
+    pub fn reserve(&mut self, capacity: u64) {
+        const PAGE: usize = 4096;
+        let Buffer::Memory(v) = &mut self.buffer else {
+            return;
+        };
+        if capacity > SPILL_AT.min(self.limit) || v.try_reserve_exact(capacity as usize).is_err() {
+            return;
+        }
+        if capacity >= 2 << 20 {
+            let start = (v.as_ptr() as usize).next_multiple_of(PAGE);
+            let end = (v.as_ptr() as usize + v.capacity()) / PAGE * PAGE;
+            // SAFETY: advice on whole pages inside the buffer's own allocation; it changes
+            // how they are backed, never their contents.
+            unsafe {
+                libc::madvise(
+                    start as *mut libc::c_void,
+                    end.saturating_sub(start),
+                    libc::MADV_HUGEPAGE,
+                )
+            };
+        }
+    }
+
+    pub fn len(&self) -> u64 {
+        match &self.buffer {
+            Buffer::Memory(v) => v.len() as u64,
+            Buffer::Spilled { len, .. } => *len,
+        }
+    }
+
+    fn check_size(&self, size: u64) -> Result<()> {
+        if size > self.limit {
+            return Err(Error::new(
+                libc::EFBIG,
+                format!(
+                    "{} bytes cannot fit: {} (at most {} bytes)",
+                    size, self.limit_reason, self.limit
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Moves the content to a temporary file.
+    fn spill(&mut self) -> Result<()> {
+        let Buffer::Memory(v) = &self.buffer else {
+            return Ok(());
+        };
+        let file = unnamed_file(self.spill_dir.as_deref())?;
+        file.write_all_at(v, 0)
+            .map_err(|e| Error::io("write staged content to a temporary file", e))?;
+        let len = v.len() as u64;
+        self.buffer = Buffer::Spilled { file, len };
+        Ok(())
+    }
+
+    /// Writes `data` at `offset`, growing the content with zeros.
+    pub fn write_at(&mut self, offset: u64, data: &[u8]) -> Result<()> {
+        let end = offset.checked_add(data.len() as u64).ok_or_else(|| {
+            Error::new(libc::EFBIG, format!("a write at offset {offset} overflows"))
+        })?;
+        self.check_size(end)?;
+        if end > SPILL_AT {
+            self.spill()?;
+        }
+        match &mut self.buffer {
+            Buffer::Memory(v) => {
+                let end = end as usize;
+                if v.len() < end {
+                    grow(v, end)?;
+                }
+                v[offset as usize..end].copy_from_slice(data);
+            }
+            Buffer::Spilled { file, len } => {
+                file.write_all_at(data, offset)
+                    .map_err(|e| Error::io("write staged content", e))?;
+                *len = (*len).max(end);
+            }
+        }
+        Ok(())
+    }
+
+    /// Truncates or extends the content to `size` bytes.
+    pub fn set_len(&mut self, size: u64) -> Result<()> {
+        self.check_size(size)?;
+        if size > SPILL_AT {
+            self.spill()?;
+        }
+        match &mut self.buffer {
+            Buffer::Memory(v) => grow(v, size as usize)?,
+            Buffer::Spilled { file, len } => {
+                file.set_len(size)
+                    .map_err(|e| Error::io("resize staged content", e))?;
+                *len = size;
+            }
+        }
+        Ok(())
+    }
+
+    /// `[offset, offset + size)`, clamped to the end.
+    pub fn read(&self, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let len = self.len();
+        let start = offset.min(len);
+        let end = offset.saturating_add(size as u64).min(len);
+        match &self.buffer {
+            Buffer::Memory(v) => Ok(v[start as usize..end as usize].to_vec()),
+            Buffer::Spilled { file, .. } => {
+                let mut out = vec![0u8; (end - start) as usize];
+                file.read_exact_at(&mut out, start)
+                    .map_err(|e| Error::io("read staged content", e))?;
+                Ok(out)
             }
         }
     }
 
-    /// Applies `change` to the staged bytes of `ino`, first copying the committed content
-    /// (`current`) if nothing was staged yet. Returns the number of open writers.
-    pub fn change(
-        &self, ino: Ino, current: impl FnOnce() -> Result<Vec<u8>>,
-        change: impl FnOnce(&mut Vec<u8>) -> Result<()>,
-    ) -> Result<usize> {
-        let mut files = self.files();
-        let s = files.entry(ino).or_default();
-        if s.data.is_none() {
-            s.data = Some(current()?);
-        }
-        change(s.data.as_mut().expect("staged"))?;
-        s.dirty = true;
-        Ok(s.writers)
-    }
-
-    pub fn write(
-        &self, ino: Ino, offset: u64, data: &[u8], current: impl FnOnce() -> Result<Vec<u8>>,
-    ) -> Result<()> {
-        self.change(ino, current, |buf| write_at(buf, offset, data))
-            .map(|_| ())
-    }
-
-    /// Resizes the staged bytes; returns the number of open writers.
-    pub fn set_len(
-        &self, ino: Ino, size: u64, current: impl FnOnce() -> Result<Vec<u8>>,
-    ) -> Result<usize> {
-        self.change(ino, current, |buf| resize(buf, size))
-    }
-
-    /// Size of the staged bytes while they differ from the committed ones.
-    pub fn size(&self, ino: Ino) -> Option<u64> {
-        self.files()
-            .get(&ino)
-            .filter(|s| s.dirty)
-            .and_then(|s| s.data.as_ref())
-            .map(|d| d.len() as u64)
-    }
-
-    pub fn read(&self, ino: Ino, offset: u64, size: u32) -> Option<Vec<u8>> {
-        self.files()
-            .get(&ino)
-            .filter(|s| s.dirty)
-            .and_then(|s| s.data.as_deref())
-            .map(|d| window(d, offset, size))
-    }
-
-    /// Takes the staged bytes of `ino` for a commit, if a writer changed them.
-    pub fn take_dirty(&self, ino: Ino) -> Option<Vec<u8>> {
-        let mut files = self.files();
-        let s = files.get_mut(&ino).filter(|s| s.dirty)?;
-        s.dirty = false;
-        Some(s.data.take().unwrap_or_default())
-    }
-
-    /// After a successful commit: writers still open continue from the committed bytes.
-    pub fn committed(&self, ino: Ino, data: Vec<u8>) {
-        if let Some(s) = self.files().get_mut(&ino) {
-            s.data = Some(data);
+    /// All the content, for a commit.
+    pub fn bytes(&self) -> Result<StagedBytes<'_>> {
+        match &self.buffer {
+            Buffer::Memory(v) => Ok(StagedBytes::Memory(v)),
+            Buffer::Spilled { len: 0, .. } => Ok(StagedBytes::Empty),
+            Buffer::Spilled { file, len } => {
+                // SAFETY: the file is unnamed and only this process holds it, so nothing can
+                // change or truncate it while mapped.
+                let map = unsafe { memmap2::MmapOptions::new().len(*len as usize).map(file) }
+                    .map_err(|e| Error::io("map staged content", e))?;
+                Ok(StagedBytes::Mapped(map))
+            }
         }
     }
 
-    /// After a refused commit or a last close: drops what was staged (`take_dirty` already
-    /// took it) and the staging area when no writer holds it.
-    pub fn discard_if_unused(&self, ino: Ino) {
-        let mut files = self.files();
-        if files.get(&ino).is_some_and(|s| s.writers == 0) {
-            files.remove(&ino);
-        }
+    /// Whether the content lives in a temporary file.
+    #[cfg(test)]
+    pub fn spilled(&self) -> bool {
+        matches!(self.buffer, Buffer::Spilled { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_sizes_beyond_the_limit_before_allocating() {
+        let mut s = Staged::new(48, "FLOAT[3,4] holds 48 bytes", None);
+        assert_eq!(s.write_at(1 << 40, b"x").unwrap_err().errno(), libc::EFBIG);
+        assert_eq!(s.set_len(1 << 40).unwrap_err().errno(), libc::EFBIG);
+        assert_eq!(
+            s.write_at(u64::MAX, b"xy").unwrap_err().errno(),
+            libc::EFBIG
+        );
+        s.write_at(40, &[1; 8]).unwrap();
+        assert_eq!(s.len(), 48);
+        assert!(!s.spilled());
     }
 
-    /// Files whose staged bytes wait for a commit.
-    pub fn dirty(&self) -> Vec<Ino> {
-        self.files()
-            .iter()
-            .filter(|(_, s)| s.dirty)
-            .map(|(&i, _)| i)
-            .collect()
+    #[test]
+    fn spills_past_the_threshold_and_reads_back() {
+        let mut s = Staged::new(u64::MAX, "", None);
+        s.write_at(0, b"head").unwrap();
+        s.write_at(SPILL_AT + 10, b"tail").unwrap();
+        assert!(s.spilled());
+        assert_eq!(s.len(), SPILL_AT + 14);
+        assert_eq!(s.read(0, 4).unwrap(), b"head");
+        assert_eq!(s.read(SPILL_AT + 10, 100).unwrap(), b"tail");
+        let all = s.bytes().unwrap();
+        assert_eq!(&all[..4], b"head");
+        assert_eq!(&all[all.len() - 4..], b"tail");
+        drop(all);
+        s.set_len(2).unwrap();
+        assert_eq!(&*s.bytes().unwrap(), b"he");
     }
 }

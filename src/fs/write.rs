@@ -1,25 +1,37 @@
-//! The write operations (DESIGN.md §3): open, create, write, truncate, close, fsync, rename,
-//! unlink.
+//! The write operations (DESIGN.md §3, §3.1): open, create, write, truncate, close, fsync,
+//! rename, unlink.
 //!
-//! Commit points: `flush` comes for every close(2) of a descriptor, duplicates included (a
-//! shell's `> file` closes one before the command writes anything; NumPy's `tofile` writes
-//! through a `dup` and closes it before the real close), so a flush commits only what its
-//! handle wrote or truncated since the last commit, and `release` (the last close) commits
-//! whatever is still staged. `fsync` commits whatever is staged. A truncate by path with no
-//! writer open commits at once. A refused commit sticks to its handle (see `handles`).
+//! A writer of a tree file stages its own copy (see `handles`); the model file changes only
+//! at a commit of that copy:
+//! - `flush` (every close(2), duplicates included) commits what the handle changed since its
+//!   last commit. If the content is not a valid whole yet, the refusal is returned (so `cp`,
+//!   `dd` and Python see it) and the content stays staged: the handle remains usable, so
+//!   `cmd > file`, whose shell closes a duplicate before `cmd` writes, still works.
+//! - `fsync` commits the content when it is valid, and otherwise succeeds without writing
+//!   anything (`dd oflag=dsync` fsyncs partial content after every block).
+//! - `release` (the last close) commits what is still changed, if valid; the kernel cannot
+//!   report an error from it, so a refusal there is only logged (`flush` returned it).
+//! - `truncate(2)` by path commits at once.
 //!
-//! Invariant: after every operation that committed, or failed to, the kernel is told what to
-//! forget; after a failure that includes the file itself, whose pages may hold rejected bytes
-//! written through the kernel's cache.
+//! Invariants: every size is checked against what the file can hold before anything is
+//! allocated (EFBIG); after every operation that committed, or failed to, the kernel is told
+//! what to forget.
 
 use std::sync::Arc;
 
-use super::handles::{Handle, Target};
+use super::handles::{lock, Handle, Target};
 use super::invalidate::Invalidate;
-use super::staging::staging_buffer;
-use super::{Attr, Fs, Opened};
+use super::staging::Staged;
+use super::{scratch, Attr, Fs, Opened};
 use crate::error::{Error, Result};
+use crate::format::WriteTarget;
 use crate::tree::{Ino, Tree};
+
+/// The largest size a named blob, a delegate payload or a scratch file can be given.
+pub const MAX_RESIZABLE: u64 = 16 << 30;
+
+/// Room allowed for a `.npy` header in front of a tensor's bytes.
+const NPY_HEADER_MAX: u64 = 1 << 20;
 
 /// What `Fs::setattr` may change.
 #[derive(Debug, Default, Clone, Copy)]
@@ -47,24 +59,36 @@ fn wants_write(flags: i32) -> bool {
     matches!(flags & libc::O_ACCMODE, libc::O_WRONLY | libc::O_RDWR)
 }
 
-/// The bytes a writer starts from: the file's current content.
-fn current_bytes(tree: &Arc<Tree>, ino: Ino) -> Result<Vec<u8>> {
-    let size = tree.size(ino);
-    let mut out = staging_buffer(usize::try_from(size).unwrap_or(0));
-    while (out.len() as u64) < size {
-        let data = super::read::read(tree.clone(), ino, out.len() as u64, u32::MAX)?;
-        if data.bytes().is_empty() {
-            break;
-        }
-        out.extend_from_slice(data.bytes());
+/// How large the content of a writable file may become, and why.
+fn size_limit(target: &WriteTarget, path: &str) -> (u64, String) {
+    match target {
+        WriteTarget::TensorBin { location, shape } => (
+            location.range.len(),
+            format!(
+                "{path} holds the {} bytes of {}",
+                location.range.len(),
+                shape.describe()
+            ),
+        ),
+        WriteTarget::TensorNpy { location, shape } => (
+            location.range.len() + NPY_HEADER_MAX,
+            format!(
+                "{path} holds a .npy header and the {} bytes of {}",
+                location.range.len(),
+                shape.describe()
+            ),
+        ),
+        WriteTarget::Segment {
+            location, index, ..
+        } => (
+            location.range.len(),
+            format!("segment {index} keeps its size"),
+        ),
+        WriteTarget::Blob { .. } | WriteTarget::DelegatePayload { .. } => (
+            MAX_RESIZABLE,
+            format!("{path}: named data and delegate payloads grow to at most 16 GiB"),
+        ),
     }
-    if tree.model.files.iter().any(|f| f.poisoned()) {
-        return Err(Error::new(
-            libc::EIO,
-            "the model file shrank while mounted; remount it",
-        ));
-    }
-    Ok(out)
 }
 
 impl Fs {
@@ -97,14 +121,62 @@ impl Fs {
         }
     }
 
-    /// Opens a file; a write open of a writable file starts (or joins) its staging.
+    /// Empty staged content for writable tree file `ino`, with its size limit.
+    fn new_staged(&self, tree: &Tree, ino: Ino) -> Result<Staged> {
+        let node = tree
+            .node(ino)
+            .ok_or_else(|| Error::not_found(format!("inode {ino}")))?;
+        let target = node
+            .write
+            .as_ref()
+            .ok_or_else(|| self.not_writable(tree, ino))?;
+        let (limit, why) = size_limit(target, &tree.path(ino));
+        Ok(Staged::new(limit, why, self.spill_dir.clone()))
+    }
+
+    /// Staged content holding the committed bytes of tree file `ino`.
+    fn staged_copy(&self, tree: &Arc<Tree>, ino: Ino) -> Result<Staged> {
+        const CHUNK: u32 = 8 << 20;
+        let mut staged = self.new_staged(tree, ino)?;
+        let size = tree.size(ino);
+        staged.reserve(size);
+        let mut at = 0;
+        while at < size {
+            let data = super::read::read(tree.clone(), ino, at, CHUNK)?;
+            if data.bytes().is_empty() {
+                break;
+            }
+            staged.write_at(at, data.bytes())?;
+            at += data.bytes().len() as u64;
+        }
+        if tree.model.files.iter().any(|f| f.poisoned()) {
+            return Err(Error::new(
+                libc::EIO,
+                "the model file shrank while mounted; remount it",
+            ));
+        }
+        Ok(staged)
+    }
+
+    /// Opens a file; a write open of a tree file prepares its own staged copy.
     pub fn open(&self, ino: Ino, flags: i32) -> Result<Opened> {
         let target = self.target(ino);
         let writable = wants_write(flags);
+        let truncate = writable && flags & libc::O_TRUNC != 0;
+        let mut handle = Handle {
+            target,
+            writable,
+            staged: None,
+            dirty: false,
+        };
         match target {
             Target::Scratch(ino) => {
-                if writable && flags & libc::O_TRUNC != 0 {
-                    self.scratch.set_len(ino, 0)?;
+                if truncate {
+                    let content = self
+                        .scratch
+                        .content(ino)
+                        .ok_or_else(|| Error::not_found(format!("scratch inode {ino}")))?;
+                    scratch::lock(&content).set_len(0)?;
                 }
             }
             Target::Tree(ino) => {
@@ -118,34 +190,29 @@ impl Fs {
                         format!("{} is a directory", tree.path(ino)),
                     ));
                 }
-                if writable {
-                    if self.options.read_only || node.write.is_none() {
-                        return Err(self.not_writable(&tree, ino));
-                    }
-                    // The new content is most likely as long as the old: one allocation.
-                    let truncate_to = (flags & libc::O_TRUNC != 0)
-                        .then(|| usize::try_from(tree.size(ino)).unwrap_or(0));
-                    self.staging.open_writer(ino, truncate_to);
+                if writable && (self.options.read_only || node.write.is_none()) {
+                    return Err(self.not_writable(&tree, ino));
+                }
+                if truncate {
+                    let mut staged = self.new_staged(&tree, ino)?;
+                    // The new content is most likely as long as the old.
+                    staged.reserve(tree.size(ino));
+                    handle.staged = Some(staged);
+                    handle.dirty = true;
                 }
             }
         }
-        let fh = self.handles.insert(target, writable);
+        let fh = self.handles.insert(handle);
+        let tree_file = matches!(target, Target::Tree(_));
         Ok(Opened {
             fh,
             // Tree files keep their cached pages across opens: a commit drops them.
-            keep_cache: matches!(target, Target::Tree(_)),
-            direct_io: false,
+            keep_cache: tree_file && !writable,
+            // A writer's bytes stay its own until committed: none may land in the page
+            // cache that other opens read.
+            direct_io: tree_file && writable,
             cache_dir: false,
         })
-    }
-
-    /// Marks handle `fh` as having written, unless a refused commit stuck to it.
-    fn start_write(&self, fh: u64) -> Result<Handle> {
-        let before = self.handles.update(fh, |h| h.wrote = h.failed.is_none())?;
-        match before.failed {
-            Some(e) => Err(e),
-            None => Ok(before),
-        }
     }
 
     /// Creates an editor's scratch file in a writable directory.
@@ -172,13 +239,19 @@ impl Fs {
                 format!("{}/{name} exists", tree.path(parent)),
             ));
         }
-        let ino = self.scratch.create(parent, name);
+        let content = Staged::new(
+            MAX_RESIZABLE,
+            format!("{name}: a scratch file grows to at most 16 GiB"),
+            self.spill_dir.clone(),
+        );
+        let ino = self.scratch.create(parent, name, content);
         let opened = self.open(ino, flags)?;
         Ok((self.getattr(ino)?, opened))
     }
 
     pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
-        let h = self.start_write(fh)?;
+        let shared = self.handles.get(fh)?;
+        let mut h = lock(&shared);
         if !h.writable {
             return Err(Error::new(
                 libc::EBADF,
@@ -186,11 +259,23 @@ impl Fs {
             ));
         }
         match h.target {
-            Target::Scratch(ino) => self.scratch.write(ino, offset, data)?,
+            Target::Scratch(ino) => {
+                let content = self
+                    .scratch
+                    .content(ino)
+                    .ok_or_else(|| Error::not_found(format!("scratch inode {ino}")))?;
+                scratch::lock(&content).write_at(offset, data)?;
+            }
             Target::Tree(ino) => {
-                let tree = self.tree();
-                self.staging
-                    .write(ino, offset, data, || current_bytes(&tree, ino))?;
+                if h.staged.is_none() {
+                    h.staged = Some(self.staged_copy(&self.tree(), ino)?);
+                }
+                let path = || self.tree().path(ino);
+                let staged = h.staged.as_mut().expect("staged above");
+                staged
+                    .write_at(offset, data)
+                    .map_err(|e| e.context(path()))?;
+                h.dirty = true;
             }
         }
         Ok(data.len() as u32)
@@ -231,21 +316,50 @@ impl Fs {
         let Some(size) = change.size else {
             return Ok((current, Invalidate::default()));
         };
-        if let Some(fh) = change.fh {
-            self.start_write(fh)?;
-        }
-        let inval = match target {
-            Target::Scratch(ino) => {
-                self.scratch.set_len(ino, size)?;
-                Invalidate::default()
+        match (target, change.fh) {
+            (Target::Scratch(ino), _) => {
+                let content = self
+                    .scratch
+                    .content(ino)
+                    .ok_or_else(|| Error::not_found(format!("scratch inode {ino}")))?;
+                scratch::lock(&content).set_len(size)?;
+                Ok((self.getattr(ino)?, Invalidate::default()))
             }
-            Target::Tree(ino) => self.truncate_tree_file(ino, size)?,
-        };
-        Ok((self.getattr(ino)?, inval))
+            (Target::Tree(ino), Some(fh)) => {
+                let shared = self.handles.get(fh)?;
+                let mut h = lock(&shared);
+                if !h.writable {
+                    return Err(Error::new(
+                        libc::EBADF,
+                        "the file was not opened for writing",
+                    ));
+                }
+                let tree = self.tree();
+                if h.staged.is_none() {
+                    h.staged = Some(if size == 0 {
+                        self.new_staged(&tree, ino)?
+                    } else {
+                        self.staged_copy(&tree, ino)?
+                    });
+                }
+                let staged = h.staged.as_mut().expect("staged above");
+                staged
+                    .set_len(size)
+                    .map_err(|e| e.context(tree.path(ino)))?;
+                h.dirty = true;
+                let mut attr = current;
+                attr.size = size;
+                Ok((attr, Invalidate::default()))
+            }
+            (Target::Tree(ino), None) => {
+                let inval = self.truncate_now(ino, size)?;
+                Ok((self.getattr(ino)?, inval))
+            }
+        }
     }
 
-    /// Resizes the staged bytes of a tree file; without an open writer, commits at once.
-    fn truncate_tree_file(&self, ino: Ino, size: u64) -> Result<Invalidate> {
+    /// `truncate(2)` of a tree file by path: commits the resized content at once.
+    fn truncate_now(&self, ino: Ino, size: u64) -> Result<Invalidate> {
         let tree = self.tree();
         let node = tree
             .node(ino)
@@ -259,70 +373,95 @@ impl Fs {
         if self.options.read_only || node.write.is_none() {
             return Err(self.not_writable(&tree, ino));
         }
-        let writers = self.staging.set_len(ino, size, || {
-            if size == 0 {
-                Ok(Vec::new())
-            } else {
-                current_bytes(&tree, ino)
-            }
-        })?;
-        if writers > 0 {
+        let mut staged = if size == 0 {
+            self.new_staged(&tree, ino)?
+        } else {
+            self.staged_copy(&tree, ino)?
+        };
+        staged
+            .set_len(size)
+            .map_err(|e| e.context(tree.path(ino)))?;
+        self.commit_staged(ino, &staged)
+    }
+
+    /// `close()`: commits what this handle changed since its last commit, or returns why
+    /// it cannot be committed (the content stays staged).
+    pub fn flush(&self, fh: u64) -> Result<()> {
+        let shared = self.handles.get(fh)?;
+        let mut h = lock(&shared);
+        let Target::Tree(ino) = h.target else {
+            return Ok(());
+        };
+        let result = self.commit_handle(ino, &mut h);
+        drop(h);
+        self.publish(ino, result.map(|inval| ((), inval)))
+    }
+
+    /// `fsync()`: commits the handle's content when it is a valid whole; partial content is
+    /// left staged and the call succeeds.
+    pub fn fsync(&self, fh: u64) -> Result<()> {
+        let shared = self.handles.get(fh)?;
+        let mut h = lock(&shared);
+        let Target::Tree(ino) = h.target else {
+            return Ok(());
+        };
+        if !h.dirty || !self.staged_is_valid(ino, &h) {
+            return Ok(());
+        }
+        let result = self.commit_handle(ino, &mut h);
+        drop(h);
+        self.publish(ino, result.map(|inval| ((), inval)))
+    }
+
+    /// Whether `h`'s staged content would pass validation as the new content of `ino`.
+    fn staged_is_valid(&self, ino: Ino, h: &Handle) -> bool {
+        let tree = self.tree();
+        let (Some(staged), Some(target)) =
+            (&h.staged, tree.node(ino).and_then(|n| n.write.as_ref()))
+        else {
+            return false;
+        };
+        match staged.bytes() {
+            Ok(bytes) => crate::edit::validate(&tree.model, target, &bytes).is_ok(),
+            Err(_) => false,
+        }
+    }
+
+    /// Commits the staged content of handle `h` (writing tree file `ino`) if it changed.
+    fn commit_handle(&self, ino: Ino, h: &mut Handle) -> Result<Invalidate> {
+        if !h.dirty {
             return Ok(Invalidate::default());
         }
-        let result = self.commit_staged(ino);
-        self.staging.discard_if_unused(ino);
-        result
+        let staged = h.staged.as_ref().expect("a changed handle holds content");
+        let inval = self.commit_staged(ino, staged)?;
+        h.dirty = false;
+        Ok(inval)
     }
 
-    /// `close()`: commits the file's staged bytes if this handle changed them.
-    pub fn flush(&self, fh: u64) -> Result<()> {
-        self.commit_through(fh, false)
-    }
-
-    /// `fsync()`: commits the file's staged bytes, whoever changed them.
-    pub fn fsync(&self, fh: u64) -> Result<()> {
-        self.commit_through(fh, true)
-    }
-
-    fn commit_through(&self, fh: u64, always: bool) -> Result<()> {
-        let h = self.handles.update(fh, |h| h.wrote = false)?;
-        if let Some(e) = h.failed {
-            return Err(e);
-        }
-        let Target::Tree(ino) = h.target else {
-            return Ok(());
-        };
-        if !h.writable || !(h.wrote || always) {
-            return Ok(());
-        }
-        let result = self.commit_staged(ino);
-        if let Err(e) = &result {
-            let _ = self.handles.update(fh, |h| h.failed = Some(e.clone()));
-        }
-        self.publish(ino, result.map(|inval| ((), inval)))
-    }
-
-    /// Last close of a handle: commits anything still staged, then forgets the handle.
+    /// Last close of a handle: commits what it still changed, then forgets it.
     pub fn release(&self, fh: u64) -> Result<()> {
-        let Some(h) = self.handles.remove(fh) else {
+        let Some(shared) = self.handles.remove(fh) else {
             return Ok(());
         };
+        let mut h = lock(&shared);
         let Target::Tree(ino) = h.target else {
             return Ok(());
         };
-        if !h.writable {
-            return Ok(());
-        }
-        let result = self.commit_staged(ino);
-        self.staging.close_writer(ino);
+        let result = self.commit_handle(ino, &mut h);
+        drop(h);
         self.publish(ino, result.map(|inval| ((), inval)))
     }
 
-    /// Commits everything still staged (before an unmount); returns the failures.
+    /// Commits what every open handle still changed (before an unmount); returns the
+    /// failures.
     pub fn commit_all(&self) -> Vec<Error> {
         let mut failures = Vec::new();
-        for ino in self.staging.dirty() {
-            match self.commit_staged(ino) {
+        for shared in self.handles.all() {
+            let mut h = lock(&shared);
+            let Target::Tree(ino) = h.target else {
+                continue;
+            };
+            match self.commit_handle(ino, &mut h) {
                 Ok(inval) => self.invalidator.inodes(inval.inodes, false),
                 Err(e) => failures.push(e),
             }
@@ -372,9 +511,11 @@ impl Fs {
             if tree.node(dst).is_none_or(|n| n.write.is_none()) {
                 return Err(self.not_writable(tree, dst));
             }
-            let data = self.scratch.bytes(src)?;
-            let _one_at_a_time = self.commit_lock.lock().unwrap_or_else(|e| e.into_inner());
-            let mut inval = self.commit_bytes(dst, &data)?;
+            let content = self
+                .scratch
+                .content(src)
+                .ok_or_else(|| Error::not_found(format!("scratch inode {src}")))?;
+            let mut inval = self.commit_staged(dst, &scratch::lock(&content))?;
             // Whoever holds the scratch inode (the kernel, for the new name) now holds the
             // file; new lookups of the name find the file's own inode.
             self.scratch.became(src, dst);

@@ -190,8 +190,8 @@ impl fuser::Filesystem for FuseFs {
         }
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr(ino.0) {
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr_via(ino.0, fh.map(|f| f.0)) {
             Ok(a) => reply.attr(&fs::TTL, &to_fuser(&a)),
             Err(e) => fuse_error!("getattr", reply, e),
         }
@@ -277,11 +277,11 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn read(
-        &self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, size: u32,
+        &self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, size: u32,
         _flags: OpenFlags, _lock_owner: Option<LockOwner>, reply: ReplyData,
     ) {
         let mut reply = Some(reply);
-        let r = self.fs.read_with(ino.0, offset, size, |bytes| {
+        let r = self.fs.read_with(ino.0, Some(fh.0), offset, size, |bytes| {
             if let Some(reply) = reply.take() {
                 reply.data(bytes);
             }
