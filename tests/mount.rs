@@ -13,16 +13,14 @@ use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 mod common;
+use common::mount::{is_mounted, py, py_errno, run, text, tool, Mount, BIN};
 use common::{fuse_missing, load_json, sha256_hex};
-
-const BIN: &str = env!("CARGO_BIN_EXE_ptefs");
 
 /// One fixture: a model file, its manifest, its `.tree` list and the `.ptd` files it needs.
 struct Fixture {
@@ -78,142 +76,12 @@ fn all_fixtures() -> Vec<Fixture> {
     manifests.iter().map(|m| Fixture::load(m)).collect()
 }
 
-fn run(cmd: &mut Command) -> Output {
-    cmd.stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// Whether `path` is a mount point now.
-fn is_mounted(path: &Path) -> bool {
-    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let want = path.as_os_str().as_bytes();
-    table.lines().any(|l| {
-        l.split(' ')
-            .nth(4)
-            .is_some_and(|p| p.replace("\\040", " ").as_bytes() == want)
-    })
-}
-
 fn mountinfo_line(path: &Path) -> Option<String> {
     let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     table
         .lines()
         .rfind(|l| l.split(' ').nth(4) == Some(path.to_str().unwrap()))
         .map(str::to_string)
-}
-
-/// A fixture copied into a temp dir and mounted there; unmounted when dropped.
-struct Mount {
-    dir: tempfile::TempDir,
-    model: PathBuf,
-    data: Vec<PathBuf>,
-    mnt: PathBuf,
-    args: Vec<String>,
-    live: bool,
-}
-
-impl Mount {
-    fn new(fx: &Fixture, args: &[&str]) -> Mount {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().canonicalize().unwrap();
-        let model = root.join(&fx.name);
-        std::fs::copy(&fx.file, &model).unwrap();
-        let data: Vec<PathBuf> = fx
-            .data
-            .iter()
-            .map(|d| {
-                let to = root.join(d.file_name().unwrap());
-                std::fs::copy(d, &to).unwrap();
-                to
-            })
-            .collect();
-        let mnt = root.join("mnt");
-        std::fs::create_dir(&mnt).unwrap();
-        let mut m = Mount {
-            dir,
-            model,
-            data,
-            mnt,
-            args: args.iter().map(|s| s.to_string()).collect(),
-            live: false,
-        };
-        m.mount();
-        m
-    }
-
-    fn mount(&mut self) {
-        let out = run(&mut self.mount_command());
-        assert!(
-            out.status.success(),
-            "ptefs mount {} failed: {}",
-            self.model.display(),
-            text(&out.stderr)
-        );
-        self.live = true;
-        // `mount` returns once the mount is live: no waiting here.
-        assert!(
-            is_mounted(&self.mnt),
-            "mount returned before the mount was live"
-        );
-    }
-
-    fn mount_command(&self) -> Command {
-        let mut cmd = Command::new(BIN);
-        cmd.arg("mount").arg(&self.model).arg(&self.mnt);
-        for d in &self.data {
-            cmd.arg("--data").arg(d);
-        }
-        cmd.args(&self.args);
-        cmd
-    }
-
-    fn path(&self, rel: &str) -> PathBuf {
-        self.mnt.join(rel)
-    }
-
-    fn umount(&mut self) {
-        let out = run(Command::new(BIN).arg("umount").arg(&self.mnt));
-        assert!(
-            out.status.success(),
-            "ptefs umount failed: {}",
-            text(&out.stderr)
-        );
-        self.live = false;
-        assert!(!is_mounted(&self.mnt), "still mounted after ptefs umount");
-    }
-
-    fn remount(&mut self) {
-        self.umount();
-        self.mount();
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        if !self.live {
-            return;
-        }
-        let ok = Command::new(BIN)
-            .arg("umount")
-            .arg(&self.mnt)
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            for (tool, flags) in [("fusermount3", "-uz"), ("umount", "-l")] {
-                let _ = Command::new(tool)
-                    .arg(flags)
-                    .arg(&self.mnt)
-                    .stderr(Stdio::null())
-                    .status();
-            }
-        }
-    }
 }
 
 /// Every path below `root` (directories with a trailing `/`), by readdir, as `ls -R` walks.
@@ -403,55 +271,6 @@ fn getxattr(path: &Path, name: &str) -> Option<String> {
     Some(String::from_utf8(buf).unwrap())
 }
 
-/// A `python3` that has NumPy (the one on PATH may be a bare pyenv build).
-fn python() -> &'static str {
-    static PY: OnceLock<String> = OnceLock::new();
-    PY.get_or_init(|| {
-        for cand in ["python3", "/usr/bin/python3", "/usr/local/bin/python3"] {
-            let ok = Command::new(cand)
-                .args(["-c", "import numpy"])
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            if ok {
-                return cand.to_string();
-            }
-        }
-        panic!("no python3 with NumPy found: install python3-numpy (see .ci/run)");
-    })
-}
-
-/// Runs a Python script with `args`; returns (exit ok, stdout, stderr).
-fn py(script: &str, args: &[&str]) -> (bool, String, String) {
-    let out = run(Command::new(python()).arg("-c").arg(script).args(args));
-    (out.status.success(), text(&out.stdout), text(&out.stderr))
-}
-
-/// The errno a Python snippet reports, or "ok".
-fn py_errno(script: &str, args: &[&str]) -> String {
-    let wrapped = format!(
-        "import sys, os, errno\ntry:\n{}\n    print('ok')\nexcept OSError as e:\n    print(errno.errorcode.get(e.errno, e.errno))\n",
-        script
-            .lines()
-            .map(|l| format!("    {l}"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
-    let (ok, stdout, stderr) = py(&wrapped, args);
-    assert!(ok, "python failed: {stderr}");
-    stdout.trim().to_string()
-}
-
-fn tool(cmd: &mut Command) -> Vec<u8> {
-    let out = run(cmd);
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}",
-        text(&out.stderr)
-    );
-    out.stdout
-}
-
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(97).wrapping_add(seed) ^ (i >> 8) as u8)
@@ -468,7 +287,7 @@ fn paths_of(tree: &[String], pred: impl Fn(&str) -> bool) -> Vec<String> {
 fn check_fixture(fx: &Fixture) -> Vec<String> {
     let mut errors = Vec::new();
     let mut err = |e: String| errors.push(format!("{}: {e}", fx.name));
-    let mut m = Mount::new(fx, &[]);
+    let mut m = Mount::new(&fx.file, &fx.data, &[]);
     let exp = expected(fx);
 
     // The tree: exactly the listed paths.
@@ -683,7 +502,7 @@ fn read_only_mounts_show_0444_and_refuse_writes_with_erofs() {
         return;
     }
     for fx in all_fixtures() {
-        let m = Mount::new(&fx, &["--read-only"]);
+        let m = Mount::new(&fx.file, &fx.data, &["--read-only"]);
         for (p, meta) in walk(&m.mnt) {
             let perm = meta.permissions().mode() & 0o7777;
             let want = if meta.is_dir() { 0o555 } else { 0o444 };
@@ -726,7 +545,7 @@ fn cp_of_a_same_size_tensor_replaces_exactly_its_range() {
         let Some(target) = bins.first() else {
             continue;
         };
-        let m = Mount::new(&fx, &[]);
+        let m = Mount::new(&fx.file, &fx.data, &[]);
         let f = m.path(target);
         let len = std::fs::metadata(&f).unwrap().len() as usize;
         let offset: usize = getxattr(&f, "user.ptefs.offset").unwrap().parse().unwrap();
@@ -788,7 +607,7 @@ fn numpy_save_onto_an_npy_commits_and_a_wrong_shape_is_einval() {
     let mut done = 0;
     for fx in all_fixtures() {
         let npys = paths_of(&fx.tree, |p| p.ends_with(".npy") && p.contains("/values/"));
-        let m = Mount::new(&fx, &[]);
+        let m = Mount::new(&fx.file, &fx.data, &[]);
         let Some(target) = npys.iter().find(|p| {
             let dtype = getxattr(&m.path(p), "user.ptefs.dtype");
             dtype.as_deref() == Some("FLOAT") && std::fs::metadata(m.path(p)).unwrap().len() > 128
@@ -853,7 +672,7 @@ fn wrong_size_writes_fail_at_close_with_einval_and_change_nothing() {
         let Some(target) = bins.first() else {
             continue;
         };
-        let m = Mount::new(&fx, &[]);
+        let m = Mount::new(&fx.file, &fx.data, &[]);
         let f = m.path(target);
         let original = std::fs::read(&f).unwrap();
         let backing = PathBuf::from(getxattr(&f, "user.ptefs.file").unwrap());
@@ -908,7 +727,7 @@ fn read_only_files_are_eacces_and_the_tree_cannot_be_reshaped() {
                 .any(|p| p.contains("/values/") && p.ends_with(".bin"))
         })
         .expect("a fixture with a tensor .bin");
-    let m = Mount::new(&fx, &[]);
+    let m = Mount::new(&fx.file, &fx.data, &[]);
     let before = std::fs::read(&m.model).unwrap();
     let json = paths_of(&fx.tree, |p| p.ends_with(".json"));
     for p in json.iter().take(5) {
@@ -967,7 +786,7 @@ fn editor_save_through_a_scratch_file_and_rename_commits() {
                 .any(|p| p.contains("/values/") && p.ends_with(".bin"))
         })
         .expect("a fixture with a tensor .bin");
-    let mut m = Mount::new(&fx, &[]);
+    let mut m = Mount::new(&fx.file, &fx.data, &[]);
     let target = paths_of(&fx.tree, |p| p.contains("/values/") && p.ends_with(".bin"))[0].clone();
     let f = m.path(&target);
     let len = std::fs::metadata(&f).unwrap().len() as usize;
@@ -1072,7 +891,7 @@ fn size_changing_writes_to_a_delegate_blob_and_named_data_relayout_the_file() {
         return;
     }
     let fx = Fixture::named("linear_xnnpack.pte");
-    let mut m = Mount::new(&fx, &[]);
+    let mut m = Mount::new(&fx.file, &fx.data, &[]);
     let processed = paths_of(&fx.tree, |p| p.ends_with("/processed.bin"))[0].clone();
     let blob = paths_of(&fx.tree, |p| {
         p.starts_with("named_data/") && p.ends_with(".bin")
@@ -1111,7 +930,8 @@ fn mount_options_pass_through_and_name_the_file() {
     }
     let fx = all_fixtures().remove(0);
     let m = Mount::new(
-        &fx,
+        &fx.file,
+        &fx.data,
         &["-o", "default_permissions,allow_other", "-o", "noexec"],
     );
     let line = mountinfo_line(&m.mnt).expect("mounted");

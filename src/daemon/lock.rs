@@ -1,16 +1,26 @@
 //! A lock file per mount, named after the mount's device number and held (flock) by the
 //! daemon for its whole life, so that `ptefs umount` can wait until the daemon has committed
 //! everything and exited.
+//!
+//! Invariants: lock files live only in a directory that belongs to the daemon's user and
+//! that nobody else may write (`/run/ptefs` for root, `$XDG_RUNTIME_DIR/ptefs`, else
+//! `$TMPDIR/ptefs-<uid>`); a directory that is a symbolic link, belongs to someone else or is
+//! writable by others is not used (another user may have created it first). Lock files are
+//! opened relative to that directory without following links.
 
+use std::ffi::CString;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::AsRawFd;
-use std::path::PathBuf;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 
-fn runtime_dirs() -> Vec<PathBuf> {
+/// Where lock files may go, best first.
+pub fn runtime_dirs() -> Vec<PathBuf> {
     // SAFETY: getuid cannot fail.
     let uid = unsafe { libc::getuid() };
     let mut dirs = Vec::new();
@@ -27,26 +37,110 @@ fn lock_name(dev: &str) -> String {
     format!("mount-{dev}.lock")
 }
 
+fn c_string(bytes: &[u8]) -> Result<CString> {
+    CString::new(bytes).map_err(|_| Error::invalid("a name with a NUL byte"))
+}
+
+/// Opens (creating it, mode 0700, if missing) directory `path`, only if it is a real
+/// directory of the current user that nobody else may write.
+pub fn private_dir(path: &Path) -> Result<File> {
+    let c = c_string(path.as_os_str().as_bytes())?;
+    // SAFETY: a valid C string; EEXIST is handled by the checks below.
+    unsafe { libc::mkdir(c.as_ptr(), 0o700) };
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // SAFETY: a valid C string.
+    let fd = unsafe { libc::open(c.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(Error::io(
+            format!("{} (not a directory of its own)", path.display()),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: a descriptor just opened and owned here alone.
+    let dir = unsafe { File::from_raw_fd(fd) };
+    let meta = dir
+        .metadata()
+        .map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
+    // SAFETY: geteuid cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    if meta.uid() != uid {
+        return Err(Error::new(
+            libc::EPERM,
+            format!(
+                "{} belongs to uid {}, not to this user (uid {uid})",
+                path.display(),
+                meta.uid()
+            ),
+        ));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(Error::new(
+            libc::EPERM,
+            format!(
+                "{} may be written by others (mode {:o})",
+                path.display(),
+                meta.mode() & 0o7777
+            ),
+        ));
+    }
+    Ok(dir)
+}
+
+/// Opens `name` in `dir` without following a link; `create` makes it (mode 0600) if needed.
+fn open_in(dir: &File, name: &str, create: bool) -> Result<File> {
+    let c = c_string(name.as_bytes())?;
+    let mut flags = libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK;
+    flags |= if create {
+        libc::O_RDWR | libc::O_CREAT
+    } else {
+        libc::O_RDONLY
+    };
+    // SAFETY: a valid directory descriptor and C string.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags, 0o600) };
+    if fd < 0 {
+        return Err(Error::io(name, std::io::Error::last_os_error()));
+    }
+    // SAFETY: a descriptor just opened and owned here alone.
+    let file = unsafe { File::from_raw_fd(fd) };
+    let regular = file.metadata().is_ok_and(|m| m.file_type().is_file());
+    if !regular {
+        return Err(Error::new(
+            libc::EPERM,
+            format!("{name} is not a regular file"),
+        ));
+    }
+    Ok(file)
+}
+
 /// The daemon's lock file, held until it exits.
 pub struct MountLock {
-    path: PathBuf,
+    dir: File,
+    name: String,
     _file: File,
 }
 
 impl MountLock {
     pub fn take(dev: &str) -> Option<MountLock> {
-        for dir in runtime_dirs() {
-            if std::fs::create_dir_all(&dir).is_err() {
-                continue;
-            }
-            let path = dir.join(lock_name(dev));
-            let Ok(mut file) = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&path)
-            else {
-                continue;
+        MountLock::take_in(&runtime_dirs(), dev)
+    }
+
+    /// Takes the lock of mount `dev` in the first usable directory of `dirs`.
+    pub fn take_in(dirs: &[PathBuf], dev: &str) -> Option<MountLock> {
+        let name = lock_name(dev);
+        for path in dirs {
+            let dir = match private_dir(path) {
+                Ok(d) => d,
+                Err(e) => {
+                    log::warn!("not using {}: {e}", path.display());
+                    continue;
+                }
+            };
+            let mut file = match open_in(&dir, &name, true) {
+                Ok(f) => f,
+                Err(e) => {
+                    log::warn!("not using {}: {e}", path.display());
+                    continue;
+                }
             };
             // A `ptefs umount` of the previous mount with this device number may still
             // hold the file for a moment after that daemon exited: wait for it here, so
@@ -56,7 +150,7 @@ impl MountLock {
             while unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
                 if Instant::now() > deadline {
                     log::warn!(
-                        "{} stays locked: `ptefs umount` will not wait for this daemon",
+                        "{}/{name} stays locked: `ptefs umount` will not wait for this daemon",
                         path.display()
                     );
                     return None;
@@ -65,7 +159,11 @@ impl MountLock {
             }
             let _ = file.set_len(0);
             let _ = writeln!(file, "{}", std::process::id());
-            return Some(MountLock { path, _file: file });
+            return Some(MountLock {
+                dir,
+                name,
+                _file: file,
+            });
         }
         log::debug!("no lock file for mount {dev}: `ptefs umount` will not wait for the daemon");
         None
@@ -74,15 +172,20 @@ impl MountLock {
 
 impl Drop for MountLock {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        if let Ok(c) = c_string(self.name.as_bytes()) {
+            // SAFETY: a valid directory descriptor and C string.
+            unsafe { libc::unlinkat(self.dir.as_raw_fd(), c.as_ptr(), 0) };
+        }
     }
 }
 
 /// Opens the lock file of a mount, for `umount` to wait on.
 pub fn open_lock(dev: &str) -> Option<File> {
-    runtime_dirs()
-        .into_iter()
-        .find_map(|d| File::open(d.join(lock_name(dev))).ok())
+    let name = lock_name(dev);
+    runtime_dirs().into_iter().find_map(|d| {
+        let dir = private_dir(&d).ok()?;
+        open_in(&dir, &name, false).ok()
+    })
 }
 
 /// Waits until the daemon holding `lock` has exited (at most ten minutes).
@@ -105,5 +208,55 @@ pub fn wait_for_daemon(lock: &File) -> Result<()> {
             ));
         }
         std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn uses_only_private_directories_and_never_follows_links() {
+        let base = tempfile::tempdir().unwrap();
+        let target = base.path().join("elsewhere");
+        std::fs::create_dir(&target).unwrap();
+        // A link planted where the directory would be.
+        let linked = base.path().join("linked");
+        std::os::unix::fs::symlink(&target, &linked).unwrap();
+        assert!(private_dir(&linked).is_err());
+        // A directory others may write.
+        let open = base.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(private_dir(&open).is_err());
+        // A directory of another user (only root can make one to test with).
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            let theirs = base.path().join("theirs");
+            std::fs::create_dir(&theirs).unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+            assert!(private_dir(&theirs).is_err());
+        }
+        // A fresh one is created 0700 and used; a link planted as the lock file is not
+        // followed.
+        let fresh = base.path().join("fresh");
+        let dir = private_dir(&fresh).unwrap();
+        assert_eq!(
+            std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        let victim = target.join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        std::os::unix::fs::symlink(&victim, fresh.join(lock_name("0:99"))).unwrap();
+        assert!(open_in(&dir, &lock_name("0:99"), true).is_err());
+        assert!(MountLock::take_in(&[linked, open, fresh.clone()], "0:99").is_none());
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        // With a clean directory the lock is taken, and removed when dropped.
+        std::fs::remove_file(fresh.join(lock_name("0:99"))).unwrap();
+        let lock = MountLock::take_in(std::slice::from_ref(&fresh), "0:99").unwrap();
+        assert!(fresh.join(lock_name("0:99")).is_file());
+        drop(lock);
+        assert!(!fresh.join(lock_name("0:99")).exists());
     }
 }

@@ -32,7 +32,8 @@ pub fn fuse_config(options: &[String], read_only: bool, file: &Path) -> (Config,
                 continue;
             }
             "rw" => continue,
-            "default_permissions" => MountOption::DefaultPermissions,
+            // Always on (below).
+            "default_permissions" => continue,
             "auto_unmount" => MountOption::AutoUnmount,
             "dev" => MountOption::Dev,
             "nodev" => MountOption::NoDev,
@@ -57,6 +58,10 @@ pub fn fuse_config(options: &[String], read_only: bool, file: &Path) -> (Config,
         };
         opts.push(o);
     }
+    // The kernel checks every request against the modes and owner the tree shows, which
+    // never allow more than the model file's own: with allow_other, other users get no
+    // more access to the model through the mount than they have to the file.
+    opts.push(MountOption::DefaultPermissions);
     opts.push(MountOption::FSName(fsname));
     // Passed as a kernel option, so a direct mount(2) as root carries it too.
     opts.push(MountOption::CUSTOM(format!("subtype={subtype}")));
@@ -87,6 +92,7 @@ mod tests {
         assert_eq!(cfg.acl, SessionACL::All);
         assert!(cfg.mount_options.contains(&MountOption::FSName("x".into())));
         assert!(cfg.mount_options.contains(&MountOption::RO));
+        assert!(cfg.mount_options.contains(&MountOption::DefaultPermissions));
         assert!(cfg
             .mount_options
             .contains(&MountOption::CUSTOM("subtype=ptefs".into())));

@@ -538,4 +538,57 @@ mod tests {
         let e = write_in_place(&model, &[(seg.start(), &[1u8; 4])], || ()).unwrap_err();
         assert!(e.message().contains("changed size"), "{e}");
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+
+        /// Any bytes where a journal would be: recovery never panics, never writes outside
+        /// the ranges a commit may write, and removes only journals it replayed or found
+        /// torn.
+        #[test]
+        fn any_journal_bytes_are_replayed_discarded_or_refused(
+            flips in proptest::collection::vec((0usize..200, proptest::prelude::any::<u8>()), 0..6),
+            cut in proptest::option::of(0usize..200),
+            garbage in proptest::option::of(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..120)),
+        ) {
+            let (_d, p) = model_copy();
+            let seg = segment(&p);
+            let len = std::fs::metadata(&p).unwrap().len();
+            let original = std::fs::read(&p).unwrap();
+            let mut j = match garbage {
+                Some(g) => g,
+                None => journal_bytes(len, &[(seg.start(), &[5u8; 4])]),
+            };
+            for (at, x) in flips {
+                if let Some(b) = j.get_mut(at) {
+                    *b ^= x;
+                }
+            }
+            if let Some(c) = cut {
+                j.truncate(c);
+            }
+            std::fs::write(journal_path(&p), &j).unwrap();
+            let result = recover(&p);
+            let now = std::fs::read(&p).unwrap();
+            let present = std::fs::symlink_metadata(journal_path(&p)).is_ok();
+            match result {
+                Ok(Recovery::Replayed { .. }) => {
+                    proptest::prop_assert!(!present);
+                    for (i, (a, b)) in original.iter().zip(&now).enumerate() {
+                        if a != b {
+                            proptest::prop_assert!(seg.start() <= i as u64 && (i as u64) < seg.end());
+                        }
+                    }
+                }
+                Ok(_) => {
+                    proptest::prop_assert!(!present);
+                    proptest::prop_assert_eq!(&now, &original);
+                }
+                Err(_) => {
+                    proptest::prop_assert!(present);
+                    proptest::prop_assert_eq!(&now, &original);
+                }
+            }
+        }
+    }
 }

@@ -37,6 +37,16 @@ impl Attr {
 }
 
 /// A directory is writable (for editors' scratch files) when it holds a writable file.
+/// Permission bits that never show more than the model file's own `mode` allows: a file is
+/// readable by whom the model is, and writable (when the tree makes it writable) by whom
+/// the model is; a directory is searchable by whom may read it.
+pub fn perm(model_mode: u32, dir: bool, writable: bool) -> u16 {
+    let read = model_mode & 0o444;
+    let write = if writable { model_mode & 0o222 } else { 0 };
+    let search = if dir { read >> 2 } else { 0 };
+    (read | write | search) as u16
+}
+
 pub fn dir_is_writable(tree: &Tree, ino: Ino) -> bool {
     tree.children(ino).is_some_and(|c| {
         c.iter()
@@ -60,19 +70,11 @@ impl Fs {
                     .iter()
                     .filter(|&&c| tree.node(c).is_some_and(|n| n.is_dir()))
                     .count() as u32;
-                let perm = if writable && dir_is_writable(tree, ino) {
-                    0o755
-                } else {
-                    0o555
-                };
+                let perm = perm(id.mode, true, writable && dir_is_writable(tree, ino));
                 (FileType::Directory, perm, 2 + subdirs)
             }
             _ => {
-                let perm = if writable && node.write.is_some() {
-                    0o644
-                } else {
-                    0o444
-                };
+                let perm = perm(id.mode, false, writable && node.write.is_some());
                 (FileType::RegularFile, perm, 1)
             }
         };
@@ -98,7 +100,7 @@ impl Fs {
             ino,
             size,
             kind: FileType::RegularFile,
-            perm: 0o644,
+            perm: perm(id.mode, false, true),
             nlink: 1,
             uid: id.uid,
             gid: id.gid,
@@ -107,5 +109,23 @@ impl Fs {
             ctime: id.ctime,
             blksize: BLOCK_SIZE,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::perm;
+
+    #[test]
+    fn modes_never_show_more_than_the_model_allows() {
+        assert_eq!(perm(0o644, false, true), 0o644);
+        assert_eq!(perm(0o644, false, false), 0o444);
+        assert_eq!(perm(0o644, true, true), 0o755);
+        assert_eq!(perm(0o644, true, false), 0o555);
+        assert_eq!(perm(0o600, false, true), 0o600);
+        assert_eq!(perm(0o600, false, false), 0o400);
+        assert_eq!(perm(0o600, true, false), 0o500);
+        assert_eq!(perm(0o640, true, true), 0o750);
+        assert_eq!(perm(0o664, false, true), 0o664);
     }
 }

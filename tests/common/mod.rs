@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod mount;
+
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};

@@ -1,0 +1,188 @@
+//! Real mounts through the `ptefs` binary, and the tools tests drive them with.
+
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_ptefs");
+
+pub fn run(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Whether `path` is a mount point now.
+pub fn is_mounted(path: &Path) -> bool {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let want = path.as_os_str().as_bytes();
+    table.lines().any(|l| {
+        l.split(' ')
+            .nth(4)
+            .is_some_and(|p| p.replace("\\040", " ").as_bytes() == want)
+    })
+}
+
+/// A fixture copied into a temp dir and mounted there; unmounted when dropped.
+pub struct Mount {
+    pub dir: tempfile::TempDir,
+    pub model: PathBuf,
+    pub data: Vec<PathBuf>,
+    pub mnt: PathBuf,
+    pub args: Vec<String>,
+    pub live: bool,
+}
+
+impl Mount {
+    /// Copies `file` and `data` into a new temporary directory and mounts the copy with
+    /// `args`.
+    pub fn new(file: &Path, data: &[PathBuf], args: &[&str]) -> Mount {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let model = root.join(file.file_name().unwrap());
+        std::fs::copy(file, &model).unwrap();
+        let data: Vec<PathBuf> = data
+            .iter()
+            .map(|d| {
+                let to = root.join(d.file_name().unwrap());
+                std::fs::copy(d, &to).unwrap();
+                to
+            })
+            .collect();
+        let mnt = root.join("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        let mut m = Mount {
+            dir,
+            model,
+            data,
+            mnt,
+            args: args.iter().map(|s| s.to_string()).collect(),
+            live: false,
+        };
+        m.mount();
+        m
+    }
+
+    pub fn mount(&mut self) {
+        let out = run(&mut self.mount_command());
+        assert!(
+            out.status.success(),
+            "ptefs mount {} failed: {}",
+            self.model.display(),
+            text(&out.stderr)
+        );
+        self.live = true;
+        // `mount` returns once the mount is live: no waiting here.
+        assert!(
+            is_mounted(&self.mnt),
+            "mount returned before the mount was live"
+        );
+    }
+
+    pub fn mount_command(&self) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("mount").arg(&self.model).arg(&self.mnt);
+        for d in &self.data {
+            cmd.arg("--data").arg(d);
+        }
+        cmd.args(&self.args);
+        cmd
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    pub fn umount(&mut self) {
+        let out = run(Command::new(BIN).arg("umount").arg(&self.mnt));
+        assert!(
+            out.status.success(),
+            "ptefs umount failed: {}",
+            text(&out.stderr)
+        );
+        self.live = false;
+        assert!(!is_mounted(&self.mnt), "still mounted after ptefs umount");
+    }
+
+    pub fn remount(&mut self) {
+        self.umount();
+        self.mount();
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if !self.live {
+            return;
+        }
+        let ok = Command::new(BIN)
+            .arg("umount")
+            .arg(&self.mnt)
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            for (tool, flags) in [("fusermount3", "-uz"), ("umount", "-l")] {
+                let _ = Command::new(tool)
+                    .arg(flags)
+                    .arg(&self.mnt)
+                    .stderr(Stdio::null())
+                    .status();
+            }
+        }
+    }
+}
+
+/// A `python3` that has NumPy (the one on PATH may be a bare pyenv build).
+pub fn python() -> &'static str {
+    static PY: OnceLock<String> = OnceLock::new();
+    PY.get_or_init(|| {
+        for cand in ["python3", "/usr/bin/python3", "/usr/local/bin/python3"] {
+            let ok = Command::new(cand)
+                .args(["-c", "import numpy"])
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok {
+                return cand.to_string();
+            }
+        }
+        panic!("no python3 with NumPy found: install python3-numpy (see .ci/run)");
+    })
+}
+
+/// Runs a Python script with `args`; returns (exit ok, stdout, stderr).
+pub fn py(script: &str, args: &[&str]) -> (bool, String, String) {
+    let out = run(Command::new(python()).arg("-c").arg(script).args(args));
+    (out.status.success(), text(&out.stdout), text(&out.stderr))
+}
+
+/// The errno a Python snippet reports, or "ok".
+pub fn py_errno(script: &str, args: &[&str]) -> String {
+    let wrapped = format!(
+        "import sys, os, errno\ntry:\n{}\n    print('ok')\nexcept OSError as e:\n    print(errno.errorcode.get(e.errno, e.errno))\n",
+        script
+            .lines()
+            .map(|l| format!("    {l}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let (ok, stdout, stderr) = py(&wrapped, args);
+    assert!(ok, "python failed: {stderr}");
+    stdout.trim().to_string()
+}
+
+pub fn tool(cmd: &mut Command) -> Vec<u8> {
+    let out = run(cmd);
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        text(&out.stderr)
+    );
+    out.stdout
+}

@@ -1,0 +1,479 @@
+//! A root daemon in a hostile environment, through real mounts: other local users, files
+//! planted beside the model, untrusted journals, absurd sizes, a model replaced under the
+//! mount, and concurrent handles on one file.
+//!
+//! They need root (to mount, to create a second user and to make a small tmpfs) and
+//! `/dev/fuse`, as in CI.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+mod common;
+use common::mount::{py_errno, run, text, Mount, BIN};
+use common::{fixtures_dir, fuse_missing};
+
+const TENSOR: &str = "plans/forward/values/0.bin";
+
+fn linear() -> PathBuf {
+    fixtures_dir().join("linear.pte")
+}
+
+fn xnnpack() -> PathBuf {
+    fixtures_dir().join("linear_xnnpack.pte")
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+/// A shell command's exit status and stderr, run as `user` (uid, gid) when given.
+fn sh(user: Option<(u32, u32)>, script: &str) -> (bool, String) {
+    let mut cmd = match user {
+        Some((uid, gid)) => {
+            let mut c = Command::new("setpriv");
+            c.arg(format!("--reuid={uid}"))
+                .arg(format!("--regid={gid}"))
+                .arg("--clear-groups")
+                .arg("sh");
+            c
+        }
+        None => Command::new("sh"),
+    };
+    let out = run(cmd.arg("-c").arg(script));
+    (out.status.success(), text(&out.stderr))
+}
+
+/// A second local user for the tests, created once.
+fn other_user() -> (u32, u32) {
+    static USER: OnceLock<(u32, u32)> = OnceLock::new();
+    *USER.get_or_init(|| {
+        const NAME: &str = "ptefs-test-other";
+        let id = |flag: &str| {
+            let out = run(Command::new("id").arg(flag).arg(NAME));
+            out.status
+                .success()
+                .then(|| text(&out.stdout).trim().parse::<u32>().unwrap())
+        };
+        if id("-u").is_none() {
+            let out = run(Command::new("useradd")
+                .args([
+                    "--system",
+                    "--no-create-home",
+                    "--shell",
+                    "/usr/sbin/nologin",
+                ])
+                .arg(NAME));
+            assert!(
+                out.status.success() || id("-u").is_some(),
+                "useradd: {}",
+                text(&out.stderr)
+            );
+        }
+        (id("-u").unwrap(), id("-g").unwrap())
+    })
+}
+
+/// Lets every user reach the mount's directory (temporary directories are 0700).
+fn open_to_all(m: &Mount) {
+    std::fs::set_permissions(m.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+#[test]
+fn other_users_get_no_more_than_the_model_file_allows() {
+    if fuse_missing() {
+        return;
+    }
+    let user = Some(other_user());
+    let m = Mount::new(&linear(), &[], &["-o", "allow_other"]);
+    open_to_all(&m);
+    let before = std::fs::read(&m.model).unwrap();
+    let t = m.path(TENSOR);
+    let values = m.path("plans/forward/values");
+    let q = |p: &Path| format!("'{}'", p.display());
+    // A root-owned 0644 model: others read, and may not write, create or truncate.
+    let (ok, err) = sh(user, &format!("cat {} > /dev/null", q(&t)));
+    assert!(ok, "{err}");
+    for script in [
+        format!("printf x > {}", q(&t)),
+        format!("printf x > {}/new.bin", q(&values)),
+        format!("truncate -s 0 {}", q(&t)),
+        format!("truncate -s 1T {}", q(&t)),
+    ] {
+        let (ok, err) = sh(user, &script);
+        assert!(!ok, "{script}: allowed");
+        assert!(err.contains("Permission denied"), "{script}: {err}");
+    }
+    assert_eq!(std::fs::read(&m.model).unwrap(), before);
+    let meta = std::fs::metadata(&t).unwrap();
+    assert_eq!((meta.mode() & 0o777, meta.uid()), (0o644, 0));
+    drop(m);
+
+    // A 0600 model shows nothing to others.
+    let mut m = Mount::new(&linear(), &[], &["-o", "allow_other"]);
+    open_to_all(&m);
+    m.umount();
+    std::fs::set_permissions(&m.model, std::fs::Permissions::from_mode(0o600)).unwrap();
+    m.mount();
+    let t = m.path(TENSOR);
+    assert_eq!(std::fs::metadata(&t).unwrap().mode() & 0o777, 0o600);
+    let json = m.path("plans/forward/values/0.json");
+    assert_eq!(std::fs::metadata(&json).unwrap().mode() & 0o777, 0o400);
+    assert_eq!(
+        std::fs::metadata(m.path("plans")).unwrap().mode() & 0o777,
+        0o500
+    );
+    for script in [
+        format!("cat {} > /dev/null", q(&t)),
+        format!("ls {}", q(&m.path("plans"))),
+    ] {
+        let (ok, err) = sh(user, &script);
+        assert!(!ok, "{script}: allowed");
+        assert!(err.contains("Permission denied"), "{script}: {err}");
+    }
+    // The owner still reads and writes.
+    let (ok, err) = sh(None, &format!("cat {} > /dev/null", q(&t)));
+    assert!(ok, "{err}");
+}
+
+#[test]
+fn links_planted_beside_the_model_are_never_written_through() {
+    if fuse_missing() {
+        return;
+    }
+    let m = Mount::new(&xnnpack(), &[], &[]);
+    let victim = m.dir.path().join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    let before = std::fs::read(&m.model).unwrap();
+    // The journal's name.
+    let journal = m.dir.path().join(".linear_xnnpack.pte.ptefs-journal");
+    std::os::unix::fs::symlink(&victim, &journal).unwrap();
+    let seg = m.path("segments/0");
+    let len = std::fs::metadata(&seg).unwrap().len() as usize;
+    let e = py_errno(
+        "f = open(sys.argv[1], 'r+b')\nf.write(b'\\x01')\nf.close()",
+        &[seg.to_str().unwrap()],
+    );
+    assert_eq!(e, "EEXIST");
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    assert_eq!(std::fs::read(&m.model).unwrap(), before);
+    assert!(std::fs::symlink_metadata(&journal).unwrap().is_symlink());
+    std::fs::remove_file(&journal).unwrap();
+
+    // The re-layout file's first name, planted as a link: the daemon's pid is in its lock.
+    let dev = std::fs::metadata(&m.mnt).unwrap().dev();
+    let lock = format!(
+        "/run/ptefs/mount-{}:{}.lock",
+        libc::major(dev),
+        libc::minor(dev)
+    );
+    let pid = std::fs::read_to_string(&lock).unwrap().trim().to_string();
+    let planted = m
+        .dir
+        .path()
+        .join(format!(".linear_xnnpack.pte.ptefs-new.{pid}.0"));
+    std::os::unix::fs::symlink(&victim, &planted).unwrap();
+    let payload = m.path("plans/forward/delegates/0/processed.bin");
+    let mut grown = std::fs::read(&payload).unwrap();
+    grown.extend_from_slice(&[0; 100]);
+    let new = m.dir.path().join("grown.bin");
+    std::fs::write(&new, &grown).unwrap();
+    let copy = |want_ok: bool| {
+        let (ok, err) = sh(
+            None,
+            &format!("cp '{}' '{}'", new.display(), payload.display()),
+        );
+        assert_eq!(ok, want_ok, "{err}");
+    };
+    copy(false);
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    assert_eq!(std::fs::read(&m.model).unwrap(), before);
+    // The next attempt takes another name and succeeds; the planted link is untouched.
+    copy(true);
+    assert_eq!(std::fs::read(&payload).unwrap(), grown);
+    assert!(std::fs::symlink_metadata(&planted).unwrap().is_symlink());
+    assert!(std::fs::symlink_metadata(&m.model).unwrap().is_file());
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    let _ = len;
+}
+
+/// A journal (format 2) for `writes` into a file of `file_len` bytes.
+fn journal(file_len: u64, writes: &[(u64, &[u8])]) -> Vec<u8> {
+    let mut j = b"PTEFSJ02".to_vec();
+    j.extend_from_slice(&file_len.to_le_bytes());
+    j.extend_from_slice(&(writes.len() as u64).to_le_bytes());
+    for (off, b) in writes {
+        j.extend_from_slice(&off.to_le_bytes());
+        j.extend_from_slice(&(b.len() as u64).to_le_bytes());
+    }
+    for (_, b) in writes {
+        j.extend_from_slice(b);
+    }
+    let sum = crc32fast::hash(&j);
+    j.extend_from_slice(&sum.to_le_bytes());
+    j
+}
+
+#[test]
+fn untrusted_journals_refuse_the_mount_and_stay() {
+    if fuse_missing() {
+        return;
+    }
+    let mut m = Mount::new(&linear(), &[], &[]);
+    let off: u64 = std::fs::read_to_string(m.path("plans/forward/values/0.json"))
+        .unwrap()
+        .split("\"file_offset\": ")
+        .nth(1)
+        .unwrap()
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    m.umount();
+    let len = std::fs::metadata(&m.model).unwrap().len();
+    let before = std::fs::read(&m.model).unwrap();
+    let jpath = m.dir.path().join(".linear.pte.ptefs-journal");
+    let refused = |why: &str| {
+        let started = Instant::now();
+        let out = run(&mut m.mount_command());
+        assert!(!out.status.success(), "{why}: mounted");
+        assert!(started.elapsed() < Duration::from_secs(20), "{why}: hung");
+        let err = text(&out.stderr);
+        assert!(err.contains(".linear.pte.ptefs-journal"), "{why}: {err}");
+        assert!(err.contains(why), "{why}: {err}");
+        assert!(std::fs::symlink_metadata(&jpath).is_ok(), "{why}: removed");
+        assert_eq!(std::fs::read(&m.model).unwrap(), before, "{why}: replayed");
+        std::fs::remove_file(&jpath).unwrap();
+    };
+    // A FIFO must not hang the mount; a link to /dev/zero must not be read.
+    let c = std::ffi::CString::new(jpath.to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    refused("not a regular file");
+    std::os::unix::fs::symlink("/dev/zero", &jpath).unwrap();
+    refused("symbolic link");
+    // Written by someone else, or writable by anyone.
+    std::fs::write(&jpath, journal(len, &[(off, &[1; 4])])).unwrap();
+    std::os::unix::fs::chown(&jpath, Some(65534), Some(65534)).unwrap();
+    refused("belongs to uid 65534");
+    std::fs::write(&jpath, journal(len, &[(off, &[1; 4])])).unwrap();
+    std::fs::set_permissions(&jpath, std::fs::Permissions::from_mode(0o666)).unwrap();
+    refused("anyone may write");
+    // Aimed at bytes no commit writes (the file's header), or longer than declared.
+    std::fs::write(&jpath, journal(len, &[(0, &[0; 8])])).unwrap();
+    refused("no in-place commit writes");
+    let mut long = journal(len, &[(off, &[1; 4])]);
+    long.extend_from_slice(&[0; 64]);
+    std::fs::write(&jpath, long).unwrap();
+    refused("more than");
+    // A whole journal of an interrupted commit is replayed.
+    std::fs::write(&jpath, journal(len, &[(off, &[7; 4])])).unwrap();
+    let out = run(&mut m.mount_command());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    m.live = true;
+    assert!(
+        text(&out.stderr).contains("finished an interrupted commit"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(&std::fs::read(m.path(TENSOR)).unwrap()[..4], &[7; 4]);
+    assert!(std::fs::symlink_metadata(&jpath).is_err());
+}
+
+/// Runs `f` with a small tmpfs mounted at a new directory; unmounts it after.
+fn with_small_tmpfs(size: &str, f: impl FnOnce(&Path)) {
+    let dir = tempfile::tempdir().unwrap();
+    let at = dir.path().join("small");
+    std::fs::create_dir(&at).unwrap();
+    let out = run(Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+        .arg(&at));
+    assert!(out.status.success(), "mount tmpfs: {}", text(&out.stderr));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&at)));
+    let _ = Command::new("umount").arg("-l").arg(&at).status();
+    if let Err(p) = r {
+        std::panic::resume_unwind(p);
+    }
+}
+
+#[test]
+fn a_journal_that_cannot_be_written_is_removed() {
+    if fuse_missing() {
+        return;
+    }
+    with_small_tmpfs("64k", |small| {
+        let model = small.join("linear.pte");
+        std::fs::copy(linear(), &model).unwrap();
+        let mnt = small.parent().unwrap().join("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        let out = run(Command::new(BIN).arg("mount").arg(&model).arg(&mnt));
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        // Fill the file system.
+        let _ = Command::new("dd")
+            .args(["if=/dev/zero", "bs=4k"])
+            .arg(format!("of={}", small.join("fill").display()))
+            .stderr(Stdio::null())
+            .status();
+        let before = std::fs::read(&model).unwrap();
+        let e = py_errno(
+            "f = open(sys.argv[1], 'r+b')\nf.write(b'\\x01' * 48)\nf.close()",
+            &[mnt.join(TENSOR).to_str().unwrap()],
+        );
+        assert_eq!(e, "ENOSPC");
+        assert!(std::fs::symlink_metadata(small.join(".linear.pte.ptefs-journal")).is_err());
+        assert_eq!(std::fs::read(&model).unwrap(), before);
+        let out = run(Command::new(BIN).arg("check").arg(&model));
+        assert!(out.status.success(), "{}", text(&out.stdout));
+        let out = run(Command::new(BIN).arg("umount").arg(&mnt));
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    });
+}
+
+#[test]
+fn sizes_a_file_can_never_have_fail_at_the_request_and_the_daemon_lives() {
+    if fuse_missing() {
+        return;
+    }
+    let m = Mount::new(&linear(), &[], &[]);
+    let before = std::fs::read(&m.model).unwrap();
+    let t = m.path(TENSOR);
+    let scratch = m.path("plans/forward/values/scratch");
+    for script in [
+        format!("truncate -s 1T '{}'", t.display()),
+        format!(
+            "dd if=/dev/zero of='{}' bs=1 count=1 seek=1T conv=notrunc",
+            t.display()
+        ),
+        format!("touch '{0}' && truncate -s 1T '{0}'", scratch.display()),
+        format!(
+            "dd if=/dev/zero of='{}' bs=1 count=1 seek=1T",
+            scratch.display()
+        ),
+    ] {
+        let (ok, err) = sh(None, &script);
+        assert!(!ok, "{script}: accepted");
+        assert!(err.contains("File too large"), "{script}: {err}");
+    }
+    assert_eq!(std::fs::read(&m.model).unwrap(), before);
+    assert_eq!(std::fs::read(&t).unwrap().len(), 48);
+}
+
+#[test]
+fn a_model_replaced_under_the_mount_is_never_written() {
+    if fuse_missing() {
+        return;
+    }
+    let m = Mount::new(&xnnpack(), &[], &[]);
+    let old = std::fs::read(&m.model).unwrap();
+    // Another file of the same size, renamed over the model's name.
+    let mut other = old.clone();
+    let n = other.len();
+    other[n - 1] ^= 0xff;
+    let tmp = m.dir.path().join("other.pte");
+    std::fs::write(&tmp, &other).unwrap();
+    std::fs::rename(&tmp, &m.model).unwrap();
+    let seg = m.path("segments/0");
+    let e = py_errno(
+        "f = open(sys.argv[1], 'r+b')\nf.write(b'\\x01')\nf.close()",
+        &[seg.to_str().unwrap()],
+    );
+    assert_eq!(e, "ESTALE");
+    // A resize would have replaced the other file with the old model.
+    let payload = m.path("plans/forward/delegates/0/processed.bin");
+    let e = py_errno(
+        "d = open(sys.argv[1], 'rb').read()\nf = open(sys.argv[1], 'wb')\nf.write(d + b'\\0' * 64)\nf.close()",
+        &[payload.to_str().unwrap()],
+    );
+    assert_eq!(e, "ESTALE");
+    assert_eq!(std::fs::read(&m.model).unwrap(), other);
+    // The mount stays readable: it still shows the file it mounted.
+    assert_eq!(std::fs::read(m.path("segments/0")).unwrap().len() as u64, {
+        std::fs::metadata(&seg).unwrap().len()
+    });
+}
+
+#[test]
+fn concurrent_handles_commit_on_their_own_and_readers_see_committed_bytes() {
+    if fuse_missing() {
+        return;
+    }
+    let m = Mount::new(&linear(), &[], &[]);
+    let t = m.path(TENSOR);
+    let good = pattern(48, 1);
+    let committed = std::fs::read(&t).unwrap();
+    // Two writers of one file: one refused, one good; readers meanwhile see the committed
+    // bytes, at their full size.
+    let script = r#"
+import os, sys, errno
+path, good = sys.argv[1], bytes.fromhex(sys.argv[2])
+committed = bytes.fromhex(sys.argv[3])
+bad = os.open(path, os.O_WRONLY | os.O_TRUNC)
+ok = os.open(path, os.O_WRONLY | os.O_TRUNC)
+os.write(bad, b'\x02' * 40)
+os.write(ok, good[:20])
+assert open(path, 'rb').read() == committed, 'a reader saw staged bytes'
+assert os.stat(path).st_size == 48, os.stat(path).st_size
+os.write(ok, good[20:])
+try:
+    os.close(bad)
+    raise SystemExit('the short write was accepted')
+except OSError as e:
+    assert e.errno == errno.EINVAL, e
+os.close(ok)
+assert open(path, 'rb').read() == good
+print('ok')
+"#;
+    let (ok, out, err) = common::mount::py(
+        script,
+        &[t.to_str().unwrap(), &hex(&good), &hex(&committed)],
+    );
+    assert!(ok, "{out}{err}");
+    assert_eq!(std::fs::read(&t).unwrap(), good);
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[test]
+fn fsync_of_partial_content_and_empty_writes() {
+    if fuse_missing() {
+        return;
+    }
+    let m = Mount::new(&linear(), &[], &[]);
+    let t = m.path(TENSOR);
+    let new = m.dir.path().join("new.bin");
+    let data = pattern(48, 9);
+    std::fs::write(&new, &data).unwrap();
+    // dd with O_DSYNC fsyncs after every 16-byte block: partial content flushes nothing.
+    let (ok, err) = sh(
+        None,
+        &format!(
+            "dd if='{}' of='{}' bs=16 oflag=dsync status=none",
+            new.display(),
+            t.display()
+        ),
+    );
+    assert!(ok, "{err}");
+    assert_eq!(std::fs::read(&t).unwrap(), data);
+    // An empty write fails at close.
+    let before = std::fs::read(&m.model).unwrap();
+    let (ok, err) = sh(None, &format!("cp /dev/null '{}'", t.display()));
+    assert!(!ok, "cp /dev/null was accepted");
+    assert!(err.contains("Invalid argument"), "{err}");
+    assert_eq!(std::fs::read(&m.model).unwrap(), before);
+    // `cmd > file` still works: the shell closes a duplicate before cmd writes.
+    let data = pattern(48, 3);
+    std::fs::write(&new, &data).unwrap();
+    let (ok, err) = sh(
+        None,
+        &format!("cat '{}' > '{}'", new.display(), t.display()),
+    );
+    assert!(ok, "{err}");
+    assert_eq!(std::fs::read(&t).unwrap(), data);
+}
