@@ -31,6 +31,9 @@ pub(super) struct Handle {
     pub staged: Option<Staged>,
     /// The staged content changed since the last commit (an `O_TRUNC` open counts).
     pub dirty: bool,
+    /// A commit of the content as it is now was refused or failed, and reported: the last
+    /// close must not try it again behind the user's back.
+    pub refused: bool,
 }
 
 pub(super) type Shared = Arc<Mutex<Handle>>;

@@ -9,8 +9,9 @@
 //!   `cmd > file`, whose shell closes a duplicate before `cmd` writes, still works.
 //! - `fsync` commits the content when it is valid, and otherwise succeeds without writing
 //!   anything (`dd oflag=dsync` fsyncs partial content after every block).
-//! - `release` (the last close) commits what is still changed, if valid; the kernel cannot
-//!   report an error from it, so a refusal there is only logged (`flush` returned it).
+//! - `release` (the last close) commits what changed since the last attempt; the kernel
+//!   cannot report an error from it, so content a `flush` was refused for (and reported) is
+//!   not tried again there.
 //! - `truncate(2)` by path commits at once.
 //!
 //! Invariants: every size is checked against what the file can hold before anything is
@@ -168,6 +169,7 @@ impl Fs {
             writable,
             staged: None,
             dirty: false,
+            refused: false,
         };
         match target {
             Target::Scratch(ino) => {
@@ -433,9 +435,26 @@ impl Fs {
             return Ok(Invalidate::default());
         }
         let staged = h.staged.as_ref().expect("a changed handle holds content");
-        let inval = self.commit_staged(ino, staged)?;
-        h.dirty = false;
-        Ok(inval)
+        match self.commit_staged(ino, staged) {
+            Ok(inval) => {
+                h.dirty = false;
+                h.refused = false;
+                Ok(inval)
+            }
+            Err(e) => {
+                h.refused = true;
+                Err(e)
+            }
+        }
+    }
+
+    /// At a last close or an unmount: commits what changed since the last attempt; content
+    /// whose commit was refused (and reported) is not tried again.
+    fn commit_unreported(&self, ino: Ino, h: &mut Handle) -> Result<Invalidate> {
+        if h.refused {
+            return Ok(Invalidate::default());
+        }
+        self.commit_handle(ino, h)
     }
 
     /// Last close of a handle: commits what it still changed, then forgets it.
@@ -447,7 +466,7 @@ impl Fs {
         let Target::Tree(ino) = h.target else {
             return Ok(());
         };
-        let result = self.commit_handle(ino, &mut h);
+        let result = self.commit_unreported(ino, &mut h);
         drop(h);
         self.publish(ino, result.map(|inval| ((), inval)))
     }
@@ -461,7 +480,7 @@ impl Fs {
             let Target::Tree(ino) = h.target else {
                 continue;
             };
-            match self.commit_handle(ino, &mut h) {
+            match self.commit_unreported(ino, &mut h) {
                 Ok(inval) => self.invalidator.inodes(inval.inodes, false),
                 Err(e) => failures.push(e),
             }
