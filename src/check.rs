@@ -3,9 +3,11 @@
 //! expected and what was found.
 
 use std::collections::HashSet;
+use std::path::PathBuf;
 
 use crate::format::generated::pte_fb;
-use crate::format::{scalar_type, Kind, Model};
+use crate::format::layout::DataKind;
+use crate::format::{scalar_type, Kind, Model, ModelFile};
 
 /// The runtime's limit on tensor rank (`kTensorDimensionLimit`).
 const MAX_RANK: usize = 16;
@@ -15,6 +17,7 @@ pub fn defects(model: &Model) -> Vec<String> {
     if let Some(layout) = &model.pte_layout {
         out.extend(layout.defects.iter().cloned());
     }
+    out.extend(unattached_external(model));
     for (i, f) in model.files.iter().enumerate() {
         let name = f.path.display().to_string();
         match &f.kind {
@@ -46,6 +49,94 @@ pub fn defects(model: &Model) -> Vec<String> {
         }
     }
     out
+}
+
+/// EXTERNAL tensors of a program mounted without any data file: the runtime cannot load
+/// the method. One line per plan, naming a `.ptd` beside the model that holds the keys.
+fn unattached_external(model: &Model) -> Vec<String> {
+    let (Some(pte), Some(layout)) = (model.pte(), &model.pte_layout) else {
+        return Vec::new();
+    };
+    if model.files.len() > 1 {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let plans = pte.program.execution_plan.as_deref().unwrap_or_default();
+    let mut all_keys = Vec::new();
+    for (p, plan) in layout.plans.iter().enumerate() {
+        let keys: Vec<&str> = plan
+            .tensors
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| {
+                let t = t.as_ref()?;
+                (t.kind == DataKind::External).then_some(i)
+            })
+            .filter_map(|i| external_key(&plans[p], i))
+            .collect();
+        if keys.is_empty() {
+            continue;
+        }
+        out.push(format!(
+            "plan {p} (\"{}\"): {} EXTERNAL tensor(s) (\"{}\"{}) need a .ptd data file, and none is attached (the runtime cannot load this method without one)",
+            plans[p].name.as_deref().unwrap_or(""),
+            keys.len(),
+            keys[0],
+            if keys.len() > 1 { ", …" } else { "" }
+        ));
+        all_keys.extend(keys);
+    }
+    if all_keys.is_empty() {
+        return out;
+    }
+    if let Some(found) = data_file_beside(model, &all_keys) {
+        out.push(format!(
+            "{} sits beside the model and holds these keys: attach it with --data {}",
+            found.display(),
+            found.display()
+        ));
+    }
+    out
+}
+
+/// The `fully_qualified_name` of value `i` of `plan`, if it is an EXTERNAL tensor.
+fn external_key(plan: &pte_fb::ExecutionPlanT, i: usize) -> Option<&str> {
+    let pte_fb::KernelTypesT::Tensor(t) = &plan.values.as_deref()?.get(i)?.val else {
+        return None;
+    };
+    t.extra_tensor_info
+        .as_ref()?
+        .fully_qualified_name
+        .as_deref()
+}
+
+/// A `.ptd` in the model's directory that has every key of `keys` (a few are looked at).
+fn data_file_beside(model: &Model, keys: &[&str]) -> Option<PathBuf> {
+    const LOOKED_AT: usize = 16;
+    let dir = model.files[0].path.parent()?;
+    let mut candidates: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "ptd"))
+        .collect();
+    candidates.sort();
+    candidates.into_iter().take(LOOKED_AT).find(|p| {
+        let Ok(f) = ModelFile::open(p) else {
+            return false;
+        };
+        let Kind::Ptd(ptd) = &f.kind else {
+            return false;
+        };
+        let have: HashSet<&str> = ptd
+            .flat_tensor
+            .named_data
+            .iter()
+            .flatten()
+            .filter_map(|n| n.key.as_deref())
+            .collect();
+        keys.iter().all(|k| have.contains(k))
+    })
 }
 
 fn check_program(p: &pte_fb::ProgramT, out: &mut Vec<String>) {

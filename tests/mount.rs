@@ -1089,3 +1089,72 @@ fn sigterm_in_the_foreground_commits_and_unmounts() {
     assert!(status.success(), "exit status {status}: {stderr}");
     assert!(!is_mounted(&mnt), "still mounted after SIGTERM");
 }
+
+#[test]
+fn a_file_is_mounted_once_and_a_mount_is_not_mounted_over() {
+    if fuse_missing() {
+        return;
+    }
+    let fx = Fixture::named("linear.pte");
+    let mut m = Mount::new(&fx.file, &fx.data, &[]);
+    // The same file on a second mountpoint.
+    let second = m.dir.path().join("second");
+    std::fs::create_dir(&second).unwrap();
+    let out = run(Command::new(BIN).arg("mount").arg(&m.model).arg(&second));
+    assert!(!out.status.success(), "mounted twice");
+    let err = text(&out.stderr);
+    assert!(err.contains("already mounted on"), "{err}");
+    assert!(err.contains(m.mnt.to_str().unwrap()), "{err}");
+    assert!(!is_mounted(&second));
+    // Another file on top of the mount.
+    let other = m.dir.path().join("other.pte");
+    std::fs::copy(&fx.file, &other).unwrap();
+    let out = run(Command::new(BIN).arg("mount").arg(&other).arg(&m.mnt));
+    assert!(!out.status.success(), "mounted over a mount");
+    assert!(
+        text(&out.stderr).contains("already a ptefs mount"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Once unmounted, the file mounts again, anywhere.
+    m.umount();
+    let out = run(Command::new(BIN).arg("mount").arg(&m.model).arg(&second));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = run(Command::new(BIN).arg("umount").arg(&second));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+#[test]
+fn mount_warns_about_what_check_reports_and_names_the_data_file_beside() {
+    if fuse_missing() {
+        return;
+    }
+    let fx = Fixture::named("linear_ext.pte");
+    // Mounted without its .ptd, which sits beside it.
+    let m = Mount::new(&fx.file, &[], &[]);
+    let mut cmd = Command::new(BIN);
+    let out = run(cmd.arg("check").arg(&m.model));
+    assert!(
+        !out.status.success(),
+        "check accepted unattached EXTERNAL tensors"
+    );
+    let report = text(&out.stdout);
+    assert!(report.contains("EXTERNAL"), "{report}");
+    drop(m);
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("linear_ext.pte");
+    std::fs::copy(&fx.file, &model).unwrap();
+    std::fs::copy(&fx.data[0], dir.path().join("linear_ext.ptd")).unwrap();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let out = run(Command::new(BIN).arg("mount").arg(&model).arg(&mnt));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    let _ = run(Command::new(BIN).arg("umount").arg(&mnt));
+    assert!(
+        err.contains("warning:") && err.contains("EXTERNAL"),
+        "{err}"
+    );
+    assert!(err.contains("--data"), "{err}");
+    assert!(err.contains("linear_ext.ptd"), "{err}");
+}

@@ -16,15 +16,29 @@ pub enum Ready {
 }
 
 impl Ready {
-    /// Tells whoever waits for the mount how it went. A foreground mount's failure is
-    /// returned to the caller, which prints it.
-    pub fn report(self, result: &Result<()>) {
-        if let Ready::Pipe(mut f) = self {
-            let msg = match result {
-                Ok(()) => "ok".to_string(),
-                Err(e) => format!("error:{e}"),
-            };
-            let _ = f.write_all(msg.as_bytes());
+    /// Tells whoever waits for the mount how it went, after the warnings about the model
+    /// (one line each). In the foreground the warnings go to the log (stderr) and a failure
+    /// is returned to the caller, which prints it.
+    pub fn report(self, result: &Result<()>, warnings: &[String]) {
+        match self {
+            Ready::Foreground => {
+                for w in warnings {
+                    log::warn!("{w}");
+                }
+            }
+            Ready::Pipe(mut f) => {
+                let mut msg = String::new();
+                for w in warnings {
+                    msg.push_str("warn:");
+                    msg.push_str(&w.replace('\n', " "));
+                    msg.push('\n');
+                }
+                match result {
+                    Ok(()) => msg.push_str("ok"),
+                    Err(e) => msg.push_str(&format!("error:{}", e.message().replace('\n', " "))),
+                }
+                let _ = f.write_all(msg.as_bytes());
+            }
         }
     }
 }
@@ -55,9 +69,16 @@ pub fn fork() -> Result<Side> {
         }
         _child => {
             drop(write_end);
-            let mut msg = String::new();
+            let mut all = String::new();
             let mut read_end = read_end;
-            let _ = read_end.read_to_string(&mut msg);
+            let _ = read_end.read_to_string(&mut all);
+            let mut msg = "";
+            for line in all.lines() {
+                match line.strip_prefix("warn:") {
+                    Some(w) => eprintln!("ptefs: warning: {w}"),
+                    None => msg = line,
+                }
+            }
             Ok(Side::Parent(if msg == "ok" {
                 Ok(())
             } else if let Some(e) = msg.strip_prefix("error:") {

@@ -179,6 +179,111 @@ impl Drop for MountLock {
     }
 }
 
+/// Held by a daemon for each file it mounts, so that a file is mounted once: two daemons
+/// committing into one file would each write from a stale view of it.
+pub struct FileClaim {
+    dir: File,
+    name: String,
+    _file: File,
+}
+
+fn claim_name(meta: &std::fs::Metadata) -> String {
+    format!("file-{}-{}.lock", meta.dev(), meta.ino())
+}
+
+/// Claims `model` for a mount on `mountpoint`, or says where it is mounted already.
+pub fn claim_file(model: &Path, mountpoint: &Path) -> Result<FileClaim> {
+    let meta = std::fs::metadata(model).map_err(|e| Error::io(model.display(), e))?;
+    let name = claim_name(&meta);
+    let mut last = None;
+    for path in runtime_dirs() {
+        let dir = match private_dir(&path) {
+            Ok(d) => d,
+            Err(e) => {
+                last = Some(e);
+                continue;
+            }
+        };
+        // A claim released (and its file removed) between our open and our lock leaves us
+        // holding a removed file: check the name still names it, else open it again.
+        for _ in 0..100 {
+            let mut file = open_in(&dir, &name, true)?;
+            // SAFETY: flock on a descriptor we own.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                let mut holder = String::new();
+                let _ = std::io::Read::read_to_string(&mut file, &mut holder);
+                let mut lines = holder.lines();
+                let at = lines.next().unwrap_or("another mountpoint");
+                let pid = lines.next().unwrap_or("?");
+                return Err(Error::new(
+                    libc::EBUSY,
+                    format!(
+                        "{} is already mounted on {at} (ptefs daemon pid {pid}); unmount it first",
+                        model.display()
+                    ),
+                ));
+            }
+            let still = c_string(name.as_bytes()).ok().and_then(|c| {
+                let mut st: libc::stat = unsafe { std::mem::zeroed() };
+                // SAFETY: a valid directory descriptor, C string and stat buffer.
+                let r = unsafe {
+                    libc::fstatat(
+                        dir.as_raw_fd(),
+                        c.as_ptr(),
+                        &mut st,
+                        libc::AT_SYMLINK_NOFOLLOW,
+                    )
+                };
+                (r == 0).then_some(st.st_ino)
+            });
+            let ino = file.metadata().map(|m| m.ino()).ok();
+            if still.is_none() || still != ino {
+                continue;
+            }
+            let _ = file.set_len(0);
+            let _ = write!(file, "{}\n{}\n", mountpoint.display(), std::process::id());
+            return Ok(FileClaim {
+                dir,
+                name,
+                _file: file,
+            });
+        }
+    }
+    match last {
+        // Without a private directory there is no record to check against.
+        Some(e) => {
+            log::warn!("cannot record the mount of {}: {e}", model.display());
+            Err(e)
+        }
+        None => Err(Error::new(
+            libc::EBUSY,
+            format!("cannot claim {}: it keeps changing", model.display()),
+        )),
+    }
+}
+
+impl FileClaim {
+    /// The daemon's pid, once it is known (after the fork).
+    pub fn record_daemon(&mut self, mountpoint: &Path) {
+        let _ = self._file.set_len(0);
+        let _ = std::os::unix::fs::FileExt::write_all_at(
+            &self._file,
+            format!("{}\n{}\n", mountpoint.display(), std::process::id()).as_bytes(),
+            0,
+        );
+    }
+}
+
+impl Drop for FileClaim {
+    fn drop(&mut self) {
+        // Removed while still locked: a new claim that opened the old file notices.
+        if let Ok(c) = c_string(self.name.as_bytes()) {
+            // SAFETY: a valid directory descriptor and C string.
+            unsafe { libc::unlinkat(self.dir.as_raw_fd(), c.as_ptr(), 0) };
+        }
+    }
+}
+
 /// Opens the lock file of a mount, for `umount` to wait on.
 pub fn open_lock(dev: &str) -> Option<File> {
     let name = lock_name(dev);

@@ -61,6 +61,21 @@ fn mountpoint_dir(path: &Path) -> Result<PathBuf> {
     canonical(path)
 }
 
+/// At most this many defects are printed at mount; `ptefs check` lists them all.
+const WARNINGS_SHOWN: usize = 10;
+
+/// What the mount says about a model the runtime would refuse or fail on: the defects
+/// `ptefs check` reports.
+fn warnings(tree: &Tree) -> Vec<String> {
+    let mut defects = crate::check::defects(&tree.model);
+    if defects.len() > WARNINGS_SHOWN {
+        let more = defects.len() - WARNINGS_SHOWN;
+        defects.truncate(WARNINGS_SHOWN);
+        defects.push(format!("… and {more} more: `ptefs check` lists them all"));
+    }
+    defects
+}
+
 /// Parses the model and its data files and builds the tree that the mount shows.
 fn open_tree(file: &Path, data: &[PathBuf], read_only: bool) -> Result<Tree> {
     let model = if read_only {
@@ -95,6 +110,21 @@ pub fn mount(req: &MountRequest) -> Result<()> {
             "/dev/fuse is missing: load the fuse module (modprobe fuse) or run where FUSE is available",
         ));
     }
+    if let Some(entry) = mountinfo::find_mount(&mountpoint).filter(|e| e.is_ptefs()) {
+        return Err(Error::new(
+            libc::EBUSY,
+            format!(
+                "{} is already a ptefs mount (of {}); unmount it first",
+                mountpoint.display(),
+                entry.source.trim_start_matches("ptefs:")
+            ),
+        ));
+    }
+    // Each file is mounted once; the claims are held for the daemon's whole life.
+    let mut claims = std::iter::once(&file)
+        .chain(&data)
+        .map(|p| lock::claim_file(p, &mountpoint))
+        .collect::<Result<Vec<_>>>()?;
     let (config, read_only) = options::fuse_config(&req.options, req.read_only, &file);
     for p in std::iter::once(&file).chain(&data) {
         if let Err(e) = recovery::recover(p, !req.foreground) {
@@ -106,23 +136,40 @@ pub fn mount(req: &MountRequest) -> Result<()> {
     }
     if req.foreground {
         let tree = open_tree(&file, &data, read_only)?;
-        return serve::serve(tree, read_only, &config, &mountpoint, Ready::Foreground);
+        let warnings = warnings(&tree);
+        return serve::serve(
+            tree,
+            read_only,
+            &config,
+            &mountpoint,
+            Ready::Foreground,
+            &warnings,
+        );
     }
     match background::fork()? {
-        Side::Parent(outcome) => outcome,
+        Side::Parent(outcome) => {
+            // The daemon holds the claims now (the locks belong to the descriptors it
+            // inherited); they are its to release.
+            std::mem::forget(claims);
+            outcome
+        }
         Side::Child(ready) => {
             // From here on, what this process prints goes nowhere: the parent prints what
             // the child reports.
             background::detach();
+            for c in &mut claims {
+                c.record_daemon(&mountpoint);
+            }
             let tree = match open_tree(&file, &data, read_only) {
                 Ok(t) => t,
                 Err(e) => {
                     let failed = Err(e);
-                    ready.report(&failed);
+                    ready.report(&failed, &[]);
                     return failed;
                 }
             };
-            serve::serve(tree, read_only, &config, &mountpoint, ready)
+            let warnings = warnings(&tree);
+            serve::serve(tree, read_only, &config, &mountpoint, ready, &warnings)
         }
     }
 }

@@ -80,6 +80,7 @@ fn on_signals(fs: Arc<Fs>, mountpoint: PathBuf, events: mpsc::Sender<Event>) {
 /// until it is unmounted.
 pub fn serve(
     tree: Tree, read_only: bool, config: &Config, mountpoint: &Path, ready: Ready,
+    warnings: &[String],
 ) -> Result<()> {
     // Signals go to the signal thread only: block them before any thread starts.
     let set = signal_set();
@@ -105,7 +106,7 @@ pub fn serve(
         Err(e) => {
             log::error!("{e}");
             let failed = Err(e);
-            ready.report(&failed);
+            ready.report(&failed, warnings);
             return failed;
         }
     };
@@ -142,7 +143,7 @@ pub fn serve(
         mountpoint.display(),
         if read_only { " (read-only)" } else { "" }
     );
-    ready.report(&Ok(()));
+    ready.report(&Ok(()), warnings);
 
     let ended = match events_rx.recv() {
         Ok(Event::Ended(r)) => r,
