@@ -21,6 +21,7 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use super::beside::Beside;
+use super::source::Source;
 use crate::error::{Error, Result};
 use crate::format::range::ByteRange;
 use crate::format::ModelFile;
@@ -47,7 +48,7 @@ pub fn journal_path(path: &Path) -> PathBuf {
 }
 
 /// One range of a commit: its offset in the file and its new bytes.
-pub type RangeWrite<'a> = (u64, &'a [u8]);
+pub type RangeWrite<'a> = (u64, Source<'a>);
 
 fn encode_header(file_len: u64, writes: &[RangeWrite]) -> Vec<u8> {
     let mut h = Vec::with_capacity((HEADER_LEN + RANGE_LEN * writes.len() as u64) as usize);
@@ -56,7 +57,7 @@ fn encode_header(file_len: u64, writes: &[RangeWrite]) -> Vec<u8> {
     h.extend_from_slice(&(writes.len() as u64).to_le_bytes());
     for (offset, bytes) in writes {
         h.extend_from_slice(&offset.to_le_bytes());
-        h.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        h.extend_from_slice(&bytes.len().to_le_bytes());
     }
     h
 }
@@ -66,7 +67,7 @@ fn check_ranges(writes: &[RangeWrite], file_len: u64, shown: &str) -> Result<()>
     let mut end_of_previous = 0;
     for (offset, bytes) in writes {
         let end = offset
-            .checked_add(bytes.len() as u64)
+            .checked_add(bytes.len())
             .filter(|&e| e <= file_len)
             .ok_or_else(|| {
                 Error::invalid(format!(
@@ -124,8 +125,9 @@ pub fn write_in_place<G>(
     {
         let _readers_wait = exclusive();
         let mut result = Ok(());
+        let mut buf = Vec::new();
         for (offset, bytes) in writes {
-            result = target.write_all_at(bytes, *offset);
+            result = bytes.write_to(target, *offset, &mut buf);
             if result.is_err() {
                 break;
             }
@@ -144,9 +146,15 @@ fn write_journal(mut j: File, file_len: u64, writes: &[RangeWrite]) -> Result<()
     crc.update(&header);
     let io = |e| Error::io("write", e);
     j.write_all(&header).map_err(io)?;
+    // One pass over each range: what is checksummed is what is written.
+    let mut buf = Vec::new();
     for (_, bytes) in writes {
-        crc.update(bytes);
-        j.write_all(bytes).map_err(io)?;
+        bytes
+            .for_each_chunk(&mut buf, |chunk| {
+                crc.update(chunk);
+                j.write_all(chunk)
+            })
+            .map_err(io)?;
     }
     j.write_all(&crc.finalize().to_le_bytes()).map_err(io)?;
     j.sync_all().map_err(|e| Error::io("fsync", e))
@@ -407,7 +415,7 @@ mod tests {
     fn journal_bytes(file_len: u64, writes: &[RangeWrite]) -> Vec<u8> {
         let mut j = encode_header(file_len, writes);
         for (_, b) in writes {
-            j.extend_from_slice(b);
+            j.extend_from_slice(&b.head(b.len()).unwrap());
         }
         let sum = crc32fast::hash(&j);
         j.extend_from_slice(&sum.to_le_bytes());
@@ -424,7 +432,7 @@ mod tests {
         let seg = segment(&p);
         let model = ModelFile::open_writable(&p).unwrap();
         let before = std::fs::read(&p).unwrap();
-        write_in_place(&model, &[(seg.start(), &[7u8; 4])], || ()).unwrap();
+        write_in_place(&model, &[(seg.start(), Source::Memory(&[7u8; 4]))], || ()).unwrap();
         let got = std::fs::read(&p).unwrap();
         assert_eq!(
             &got[seg.start() as usize..seg.start() as usize + 4],
@@ -442,7 +450,7 @@ mod tests {
         let len = std::fs::metadata(&p).unwrap().len();
         let original = std::fs::read(&p).unwrap();
         let new = [9u8; 4];
-        let j = journal_bytes(len, &[(seg.start(), &new)]);
+        let j = journal_bytes(len, &[(seg.start(), Source::Memory(&new))]);
         for cut in 0..j.len() {
             std::fs::write(journal_path(&p), &j[..cut]).unwrap();
             assert!(
@@ -480,21 +488,29 @@ mod tests {
             let _ = std::fs::remove_file(&jp);
         };
         // The header of the file itself: not a range any commit writes.
-        std::fs::write(&jp, journal_bytes(len, &[(0, &[0u8; 8])])).unwrap();
+        std::fs::write(&jp, journal_bytes(len, &[(0, Source::Memory(&[0u8; 8]))])).unwrap();
         refused("no in-place commit writes");
         // Longer than declared.
-        let mut long = journal_bytes(len, &[(seg.start(), &[1u8; 4])]);
+        let mut long = journal_bytes(len, &[(seg.start(), Source::Memory(&[1u8; 4]))]);
         long.extend_from_slice(&[0; 100]);
         std::fs::write(&jp, long).unwrap();
         refused("more than");
         // Another file size.
-        std::fs::write(&jp, journal_bytes(len + 1, &[(seg.start(), &[1u8; 4])])).unwrap();
+        std::fs::write(
+            &jp,
+            journal_bytes(len + 1, &[(seg.start(), Source::Memory(&[1u8; 4]))]),
+        )
+        .unwrap();
         refused("the model has");
         // Not ours.
         std::fs::write(&jp, b"something else entirely").unwrap();
         refused("does not start with");
         // World-writable.
-        std::fs::write(&jp, journal_bytes(len, &[(seg.start(), &[1u8; 4])])).unwrap();
+        std::fs::write(
+            &jp,
+            journal_bytes(len, &[(seg.start(), Source::Memory(&[1u8; 4]))]),
+        )
+        .unwrap();
         std::fs::set_permissions(&jp, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
         refused("anyone may write");
         // A link to another file, and a FIFO (which must not hang the mount).
@@ -515,7 +531,8 @@ mod tests {
         std::os::unix::fs::symlink(&victim, journal_path(&p)).unwrap();
         let model = ModelFile::open_writable(&p).unwrap();
         let before = std::fs::read(&p).unwrap();
-        let e = write_in_place(&model, &[(seg.start(), &[7u8; 4])], || ()).unwrap_err();
+        let e =
+            write_in_place(&model, &[(seg.start(), Source::Memory(&[7u8; 4]))], || ()).unwrap_err();
         assert_eq!(e.errno(), libc::EEXIST, "{e}");
         assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
         assert_eq!(std::fs::read(&p).unwrap(), before);
@@ -530,12 +547,14 @@ mod tests {
         let other = d.path().join("other");
         std::fs::copy(&p, &other).unwrap();
         std::fs::rename(&other, &p).unwrap();
-        let e = write_in_place(&model, &[(seg.start(), &[1u8; 4])], || ()).unwrap_err();
+        let e =
+            write_in_place(&model, &[(seg.start(), Source::Memory(&[1u8; 4]))], || ()).unwrap_err();
         assert_eq!(e.errno(), libc::ESTALE, "{e}");
         let model = ModelFile::open_writable(&p).unwrap();
         let f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
         f.set_len(model.bytes().len() as u64 + 10).unwrap();
-        let e = write_in_place(&model, &[(seg.start(), &[1u8; 4])], || ()).unwrap_err();
+        let e =
+            write_in_place(&model, &[(seg.start(), Source::Memory(&[1u8; 4]))], || ()).unwrap_err();
         assert!(e.message().contains("changed size"), "{e}");
     }
 
@@ -557,7 +576,7 @@ mod tests {
             let original = std::fs::read(&p).unwrap();
             let mut j = match garbage {
                 Some(g) => g,
-                None => journal_bytes(len, &[(seg.start(), &[5u8; 4])]),
+                None => journal_bytes(len, &[(seg.start(), Source::Memory(&[5u8; 4]))]),
             };
             for (at, x) in flips {
                 if let Some(b) = j.get_mut(at) {

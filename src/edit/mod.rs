@@ -9,6 +9,7 @@
 mod beside;
 pub mod journal;
 pub mod relayout;
+pub mod source;
 pub mod validate;
 
 use crate::error::Result;
@@ -16,6 +17,7 @@ use crate::format::layout::FileIndex;
 use crate::format::range::ByteRange;
 use crate::format::{Model, WriteTarget};
 
+pub use source::Source;
 pub use validate::Plan;
 
 /// What a commit did to the files.
@@ -28,14 +30,14 @@ pub enum Outcome {
 }
 
 /// Checks `data` as the new content of the file behind `target`, without writing anything.
-pub fn validate(model: &Model, target: &WriteTarget, data: &[u8]) -> Result<()> {
+pub fn validate(model: &Model, target: &WriteTarget, data: Source) -> Result<()> {
     validate::plan(model, target, data).map(|_| ())
 }
 
 /// Validates `data` as the new content of the file behind `target`, then writes it.
 /// `exclusive` is held while bytes that readers may be mapping change in place.
 pub fn commit<G>(
-    model: &Model, target: &WriteTarget, data: &[u8], exclusive: impl FnOnce() -> G,
+    model: &Model, target: &WriteTarget, data: Source, exclusive: impl FnOnce() -> G,
 ) -> Result<Outcome> {
     match validate::plan(model, target, data)? {
         Plan::InPlace { location, bytes } => {

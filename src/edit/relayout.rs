@@ -10,13 +10,14 @@
 //! mounted file.
 
 use std::fs::File;
-use std::io::Write;
+use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::beside::Beside;
+use super::source::Source;
 use super::validate::Change;
 use crate::error::{Error, Result};
 use crate::format::generated::{ptd_fb, pte_fb};
@@ -89,9 +90,9 @@ pub fn segment_alignment(base: u64, relative_offsets: &[u64]) -> u64 {
 }
 
 /// Where one segment of the new file comes from.
-enum Source<'a> {
+enum SegmentSource<'a> {
     Old(ByteRange),
-    New(&'a [u8]),
+    New(Source<'a>),
 }
 
 /// Rewrites file `file` of `model` with `change` applied.
@@ -122,13 +123,15 @@ struct NewLayout<'a> {
     /// `segment_base_offset`.
     base: u64,
     /// Per segment, where its bytes come from.
-    sources: Vec<Source<'a>>,
+    sources: Vec<SegmentSource<'a>>,
     /// Per segment, its offset from `base`.
     offsets: Vec<u64>,
 }
 
-fn segment_sources<'a>(segments: &[ByteRange], change: &'a Change) -> Result<Vec<Source<'a>>> {
-    let mut sources: Vec<Source> = segments.iter().map(|r| Source::Old(*r)).collect();
+fn segment_sources<'a>(
+    segments: &[ByteRange], change: &'a Change,
+) -> Result<Vec<SegmentSource<'a>>> {
+    let mut sources: Vec<SegmentSource> = segments.iter().map(|r| SegmentSource::Old(*r)).collect();
     if let Change::Segment { index, data } = change {
         let slot = sources.get_mut(*index).ok_or_else(|| {
             Error::invalid(format!(
@@ -136,15 +139,15 @@ fn segment_sources<'a>(segments: &[ByteRange], change: &'a Change) -> Result<Vec
                 segments.len()
             ))
         })?;
-        *slot = Source::New(data);
+        *slot = SegmentSource::New(*data);
     }
     Ok(sources)
 }
 
-fn source_len(s: &Source) -> u64 {
+fn source_len(s: &SegmentSource) -> u64 {
     match s {
-        Source::Old(r) => r.len(),
-        Source::New(d) => d.len() as u64,
+        SegmentSource::Old(r) => r.len(),
+        SegmentSource::New(d) => d.len(),
     }
 }
 
@@ -156,7 +159,7 @@ fn original_order(segments: &[ByteRange]) -> Vec<usize> {
 }
 
 fn new_offsets(
-    segments: &[ByteRange], sources: &[Source], alignment: u64,
+    segments: &[ByteRange], sources: &[SegmentSource], alignment: u64,
 ) -> Result<(Vec<u64>, u64)> {
     let sizes: Vec<u64> = sources.iter().map(source_len).collect();
     let offsets = place_segments(&sizes, &original_order(segments), alignment)
@@ -348,6 +351,7 @@ fn write_new_file(mf: &ModelFile, mut out: File, shown: &str, plan: &NewLayout) 
     let mut pos = head.len() as u64;
     let mut order: Vec<usize> = (0..sources.len()).collect();
     order.sort_by_key(|&i| (offsets[i], i));
+    let mut buf = Vec::new();
     for i in order {
         let at = base + offsets[i];
         let len = source_len(&sources[i]);
@@ -356,8 +360,11 @@ fn write_new_file(mf: &ModelFile, mut out: File, shown: &str, plan: &NewLayout) 
         }
         write_zeros(&mut out, at - pos).map_err(io(format!("write {shown}")))?;
         match &sources[i] {
-            Source::New(d) => out.write_all(d).map_err(io(format!("write {shown}")))?,
-            Source::Old(r) => copy_range(src, &mut out, r.start(), r.len(), at)
+            SegmentSource::New(d) => d
+                .write_to(&out, at, &mut buf)
+                .and_then(|_| out.seek(SeekFrom::Start(at + len)).map(|_| ()))
+                .map_err(io(format!("write {shown}")))?,
+            SegmentSource::Old(r) => copy_range(src, &mut out, r.start(), r.len(), at)
                 .map_err(io(format!("copy segment {i} into {shown}")))?,
         }
         pos = at + len;
@@ -378,7 +385,9 @@ fn write_new_file(mf: &ModelFile, mut out: File, shown: &str, plan: &NewLayout) 
 
 /// Parses the new file back: it must open cleanly and its segments must have the sizes and
 /// bytes planned (unchanged segments are compared by size; their bytes were copied verbatim).
-fn check_new_file(old: &ModelFile, out: File, shown: &str, sources: &[Source]) -> Result<()> {
+fn check_new_file(
+    old: &ModelFile, out: File, shown: &str, sources: &[SegmentSource],
+) -> Result<()> {
     let new = ModelFile::from_file(PathBuf::from(shown), out, None, false).map_err(|e| {
         Error::new(
             libc::EIO,
@@ -402,8 +411,8 @@ fn check_new_file(old: &ModelFile, out: File, shown: &str, sources: &[Source]) -
     }
     for (i, (r, s)) in segs.iter().zip(sources).enumerate() {
         let ok = match s {
-            Source::Old(o) => r.len() == o.len(),
-            Source::New(d) => &new.bytes()[r.as_usize()] == *d,
+            SegmentSource::Old(o) => r.len() == o.len(),
+            SegmentSource::New(d) => d.equals(&new.bytes()[r.as_usize()], &mut Vec::new()),
         };
         if !ok {
             return Err(Error::new(

@@ -6,26 +6,33 @@ use crate::format::layout::{FileIndex, Location, TensorShape};
 use crate::format::{npy, Model, WriteTarget};
 use crate::format::{scalar_type, Kind};
 
+use super::source::Source;
 use crate::error::{Error, Result};
 
 /// A size-changing edit of one file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Change {
+#[derive(Debug, Clone)]
+pub enum Change<'a> {
     /// New bytes for segment `index`.
-    Segment { index: usize, data: Vec<u8> },
+    Segment { index: usize, data: Source<'a> },
     /// New bytes for `Program.backend_delegate_data[index]`.
     InlineDelegate { index: usize, data: Vec<u8> },
 }
 
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Plan<'a> {
-    InPlace { location: Location, bytes: &'a [u8] },
-    Relayout { file: FileIndex, change: Change },
+    InPlace {
+        location: Location,
+        bytes: Source<'a>,
+    },
+    Relayout {
+        file: FileIndex,
+        change: Change<'a>,
+    },
 }
 
-fn exact_size(location: Location, shape: &TensorShape, data: &[u8]) -> Result<()> {
+fn exact_size(location: Location, shape: &TensorShape, data: Source) -> Result<()> {
     let need = location.range.len();
-    if data.len() as u64 != need {
+    if data.len() != need {
         return Err(Error::invalid(format!(
             "needs {need} bytes for {}, got {}",
             shape.describe(),
@@ -49,8 +56,14 @@ fn normalize_descr(d: &str) -> String {
     }
 }
 
-fn check_npy<'a>(location: Location, shape: &TensorShape, data: &'a [u8]) -> Result<&'a [u8]> {
-    let header = npy::parse_header(data)?;
+/// The largest inline delegate payload (it is copied into the flatbuffer).
+const MAX_INLINE: u64 = 1 << 30;
+
+/// The most a `.npy` header is read for.
+const NPY_HEADER_READ: u64 = 1 << 20;
+
+fn check_npy<'a>(location: Location, shape: &TensorShape, data: Source<'a>) -> Result<Source<'a>> {
+    let header = npy::parse_header(&data.head(NPY_HEADER_READ)?)?;
     let want_descr = scalar_type::numpy_descr(shape.scalar_type).unwrap_or_default();
     if normalize_descr(&header.descr) != normalize_descr(&want_descr) {
         return Err(Error::invalid(format!(
@@ -71,8 +84,9 @@ fn check_npy<'a>(location: Location, shape: &TensorShape, data: &'a [u8]) -> Res
             ".npy is in Fortran order: expected C order (save np.ascontiguousarray(a))",
         ));
     }
-    let body = &data[header.data_offset..];
-    if body.len() as u64 != location.range.len() {
+    let at = header.data_offset as u64;
+    let body = data.slice(at, data.len() - at)?;
+    if body.len() != location.range.len() {
         return Err(Error::invalid(format!(
             ".npy data is {} bytes: expected {} for {}",
             body.len(),
@@ -84,7 +98,7 @@ fn check_npy<'a>(location: Location, shape: &TensorShape, data: &'a [u8]) -> Res
 }
 
 /// Decides how `data` becomes the new content of `target`, or why it cannot.
-pub fn plan<'a>(model: &Model, target: &WriteTarget, data: &'a [u8]) -> Result<Plan<'a>> {
+pub fn plan<'a>(model: &Model, target: &WriteTarget, data: Source<'a>) -> Result<Plan<'a>> {
     match target {
         WriteTarget::TensorBin { location, shape } => {
             exact_size(*location, shape, data)?;
@@ -103,7 +117,7 @@ pub fn plan<'a>(model: &Model, target: &WriteTarget, data: &'a [u8]) -> Result<P
         WriteTarget::Segment {
             location, index, ..
         } => {
-            if data.len() as u64 != location.range.len() {
+            if data.len() != location.range.len() {
                 return Err(Error::invalid(format!(
                     "segment {index} must keep its size: expected {} bytes, got {} (resize a blob or delegate payload instead)",
                     location.range.len(),
@@ -117,7 +131,7 @@ pub fn plan<'a>(model: &Model, target: &WriteTarget, data: &'a [u8]) -> Result<P
         }
         WriteTarget::Blob { file, named_index } => {
             let (location, segment) = blob_location(model, *file, *named_index)?;
-            if data.len() as u64 == location.range.len() {
+            if data.len() == location.range.len() {
                 Ok(Plan::InPlace {
                     location,
                     bytes: data,
@@ -127,7 +141,7 @@ pub fn plan<'a>(model: &Model, target: &WriteTarget, data: &'a [u8]) -> Result<P
                     file: *file,
                     change: Change::Segment {
                         index: segment,
-                        data: data.to_vec(),
+                        data,
                     },
                 })
             }
@@ -138,7 +152,7 @@ pub fn plan<'a>(model: &Model, target: &WriteTarget, data: &'a [u8]) -> Result<P
                 .as_ref()
                 .ok_or_else(|| Error::invalid("not a .pte"))?;
             let location = layout.plans[*plan].delegates[*delegate].clone()?;
-            if data.len() as u64 == location.range.len() {
+            if data.len() == location.range.len() {
                 return Ok(Plan::InPlace {
                     location,
                     bytes: data,
@@ -155,14 +169,20 @@ pub fn plan<'a>(model: &Model, target: &WriteTarget, data: &'a [u8]) -> Result<P
                 .ok_or_else(|| Error::invalid("delegate has no processed data reference"))?;
             let index = r.index as usize;
             let change = if r.location == pte_fb::DataLocation::SEGMENT {
-                Change::Segment {
-                    index,
-                    data: data.to_vec(),
-                }
+                Change::Segment { index, data }
             } else {
+                if data.len() > MAX_INLINE {
+                    return Err(Error::new(
+                        libc::EFBIG,
+                        format!(
+                            "an inline delegate payload must stay under {MAX_INLINE} bytes (it lives inside the program's flatbuffer, which is limited to 2 GiB); got {}",
+                            data.len()
+                        ),
+                    ));
+                }
                 Change::InlineDelegate {
                     index,
-                    data: data.to_vec(),
+                    data: data.head(data.len())?,
                 }
             };
             Ok(Plan::Relayout { file: 0, change })

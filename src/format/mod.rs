@@ -26,6 +26,7 @@ pub mod npy;
 pub mod ptd;
 pub mod pte;
 pub mod range;
+pub mod safetensors;
 pub mod scalar_type;
 pub mod target;
 pub mod writer;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use super::invalidate::Invalidate;
 use super::staging::Staged;
 use super::Fs;
-use crate::edit::{self, Outcome};
+use crate::edit::{self, Outcome, Source};
 use crate::error::{Error, Result};
 use crate::format::Model;
 use crate::tree::{Content, Ino, Tree};
@@ -59,14 +59,13 @@ pub fn reload(tree: &Tree) -> Result<Tree> {
 impl Fs {
     /// Commits `staged` as the new content of tree file `ino`.
     pub(super) fn commit_staged(&self, ino: Ino, staged: &Staged) -> Result<Invalidate> {
-        let bytes = staged.bytes()?;
         let _one_at_a_time = self.commit_lock.lock().unwrap_or_else(|e| e.into_inner());
-        self.commit_bytes(ino, &bytes)
+        self.commit_bytes(ino, staged.source())
     }
 
     /// Validates `data` as the new content of tree file `ino`, writes it, and switches to
     /// the new snapshot. The caller holds `commit_lock`.
-    fn commit_bytes(&self, ino: Ino, data: &[u8]) -> Result<Invalidate> {
+    fn commit_bytes(&self, ino: Ino, data: Source) -> Result<Invalidate> {
         let tree = self.tree();
         let node = tree
             .node(ino)

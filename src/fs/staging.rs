@@ -8,10 +8,10 @@
 //! fallibly, so a request can fail with EFBIG or ENOMEM but never abort the daemon.
 
 use std::fs::File;
-use std::ops::Deref;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::FileExt;
 
+use crate::edit::Source;
 use crate::error::{Error, Result};
 
 /// Staged content beyond this size spills to a temporary file.
@@ -31,26 +31,6 @@ pub struct Staged {
     limit_reason: String,
     /// Where a spill file goes first (the model's directory), if open.
     spill_dir: Option<std::sync::Arc<File>>,
-}
-
-/// The bytes of staged content for a commit: a slice of memory, or a mapping of the spill
-/// file.
-pub enum StagedBytes<'a> {
-    Memory(&'a [u8]),
-    Mapped(memmap2::Mmap),
-    Empty,
-}
-
-impl Deref for StagedBytes<'_> {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        match self {
-            StagedBytes::Memory(b) => b,
-            StagedBytes::Mapped(m) => m,
-            StagedBytes::Empty => &[],
-        }
-    }
 }
 
 /// An unnamed file for spilled content: `O_TMPFILE` in `dir`, else in the temporary
@@ -232,18 +212,16 @@ impl Staged {
         }
     }
 
-    /// All the content, for a commit.
-    pub fn bytes(&self) -> Result<StagedBytes<'_>> {
+    /// All the content, for a commit: read from memory, or from the spill file in bounded
+    /// chunks (never mapped, so committing GiBs does not grow the daemon).
+    pub fn source(&self) -> Source<'_> {
         match &self.buffer {
-            Buffer::Memory(v) => Ok(StagedBytes::Memory(v)),
-            Buffer::Spilled { len: 0, .. } => Ok(StagedBytes::Empty),
-            Buffer::Spilled { file, len } => {
-                // SAFETY: the file is unnamed and only this process holds it, so nothing can
-                // change or truncate it while mapped.
-                let map = unsafe { memmap2::MmapOptions::new().len(*len as usize).map(file) }
-                    .map_err(|e| Error::io("map staged content", e))?;
-                Ok(StagedBytes::Mapped(map))
-            }
+            Buffer::Memory(v) => Source::Memory(v),
+            Buffer::Spilled { file, len } => Source::File {
+                file,
+                offset: 0,
+                len: *len,
+            },
         }
     }
 
@@ -281,11 +259,10 @@ mod tests {
         assert_eq!(s.len(), SPILL_AT + 14);
         assert_eq!(s.read(0, 4).unwrap(), b"head");
         assert_eq!(s.read(SPILL_AT + 10, 100).unwrap(), b"tail");
-        let all = s.bytes().unwrap();
-        assert_eq!(&all[..4], b"head");
-        assert_eq!(&all[all.len() - 4..], b"tail");
-        drop(all);
+        let all = s.source();
+        assert_eq!(all.head(4).unwrap(), b"head");
+        assert_eq!(all.len(), SPILL_AT + 14);
         s.set_len(2).unwrap();
-        assert_eq!(&*s.bytes().unwrap(), b"he");
+        assert_eq!(s.source().head(10).unwrap(), b"he");
     }
 }

@@ -423,10 +423,7 @@ impl Fs {
         else {
             return false;
         };
-        match staged.bytes() {
-            Ok(bytes) => crate::edit::validate(&tree.model, target, &bytes).is_ok(),
-            Err(_) => false,
-        }
+        crate::edit::validate(&tree.model, target, staged.source()).is_ok()
     }
 
     /// Commits the staged content of handle `h` (writing tree file `ino`) if it changed.

@@ -1,0 +1,203 @@
+//! Where the new content of a commit comes from: bytes in memory, or a range of a file (a
+//! writer's staged content that spilled to disk), read in bounded chunks so a commit of
+//! GiBs needs neither their size in memory nor a mapping of them.
+//!
+//! Invariant: a `Source` never reaches past its own `len`; sub-ranges are checked.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+
+use crate::error::{Error, Result};
+
+/// How much of a file source is read at a time.
+pub const CHUNK: usize = 8 << 20;
+
+#[derive(Clone, Copy, Debug)]
+pub enum Source<'a> {
+    Memory(&'a [u8]),
+    File {
+        file: &'a File,
+        offset: u64,
+        len: u64,
+    },
+}
+
+impl<'a> Source<'a> {
+    pub fn len(&self) -> u64 {
+        match self {
+            Source::Memory(b) => b.len() as u64,
+            Source::File { len, .. } => *len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `[offset, offset + len)` of this source.
+    pub fn slice(&self, offset: u64, len: u64) -> Result<Source<'a>> {
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= self.len())
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "bytes {offset}+{len} lie outside content of {} bytes",
+                    self.len()
+                ))
+            })?;
+        Ok(match *self {
+            Source::Memory(b) => Source::Memory(&b[offset as usize..end as usize]),
+            Source::File {
+                file, offset: base, ..
+            } => Source::File {
+                file,
+                offset: base + offset,
+                len,
+            },
+        })
+    }
+
+    /// Fills `buf` from `offset` of this source.
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        match self {
+            Source::Memory(b) => {
+                let start = offset as usize;
+                buf.copy_from_slice(&b[start..start + buf.len()]);
+                Ok(())
+            }
+            Source::File {
+                file, offset: base, ..
+            } => file.read_exact_at(buf, base + offset),
+        }
+    }
+
+    /// The first `n` bytes (all of them when shorter), for headers.
+    pub fn head(&self, n: u64) -> Result<Vec<u8>> {
+        let n = n.min(self.len());
+        let mut out = vec![0u8; n as usize];
+        self.read_at(0, &mut out)
+            .map_err(|e| Error::io("read staged content", e))?;
+        Ok(out)
+    }
+
+    /// Calls `f` with consecutive chunks of the content, in order.
+    pub fn for_each_chunk(
+        &self, buf: &mut Vec<u8>, mut f: impl FnMut(&[u8]) -> io::Result<()>,
+    ) -> io::Result<()> {
+        match self {
+            Source::Memory(b) => f(b),
+            Source::File { len, .. } => {
+                let mut at = 0;
+                while at < *len {
+                    let n = (*len - at).min(CHUNK as u64) as usize;
+                    buf.resize(n, 0);
+                    self.read_at(at, &mut buf[..n])?;
+                    f(&buf[..n])?;
+                    at += n as u64;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Writes the content at `at` of `out`: in the kernel from a file source when it can.
+    pub fn write_to(&self, out: &File, at: u64, buf: &mut Vec<u8>) -> io::Result<()> {
+        if let Source::File { file, offset, len } = self {
+            if copy_in_kernel(file, *offset, out, at, *len)? {
+                return Ok(());
+            }
+        }
+        let mut pos = at;
+        self.for_each_chunk(buf, |chunk| {
+            out.write_all_at(chunk, pos)?;
+            pos += chunk.len() as u64;
+            Ok(())
+        })
+    }
+
+    /// Whether the content equals `other`.
+    pub fn equals(&self, other: &[u8], buf: &mut Vec<u8>) -> bool {
+        if self.len() != other.len() as u64 {
+            return false;
+        }
+        let mut at = 0;
+        let mut same = true;
+        let read = self.for_each_chunk(buf, |chunk| {
+            same = same && chunk == &other[at..at + chunk.len()];
+            at += chunk.len();
+            Ok(())
+        });
+        read.is_ok() && same
+    }
+
+    /// Whether the content equals `len` bytes at `offset` of `other`.
+    pub fn equals_file_range(
+        &self, other: &File, offset: u64, buf: &mut Vec<u8>,
+    ) -> io::Result<bool> {
+        let mut theirs = vec![0u8; CHUNK.min(self.len() as usize)];
+        let mut at = offset;
+        let mut same = true;
+        self.for_each_chunk(buf, |mine| {
+            if !same {
+                return Ok(());
+            }
+            for part in mine.chunks(CHUNK) {
+                let t = &mut theirs[..part.len()];
+                other.read_exact_at(t, at)?;
+                at += part.len() as u64;
+                if t != part {
+                    same = false;
+                    break;
+                }
+            }
+            Ok(())
+        })?;
+        Ok(same)
+    }
+}
+
+/// `copy_file_range` of `len` bytes; false when the kernel cannot do it for these files (the
+/// caller copies through a buffer).
+fn copy_in_kernel(
+    src: &File, src_off: u64, dst: &File, dst_off: u64, len: u64,
+) -> io::Result<bool> {
+    let mut off_in = src_off as libc::loff_t;
+    let mut off_out = dst_off as libc::loff_t;
+    let mut left = len;
+    while left > 0 {
+        let chunk = left.min(1 << 30) as usize;
+        // SAFETY: both descriptors are open; the offsets are plain integers owned here.
+        let n = unsafe {
+            libc::copy_file_range(
+                src.as_raw_fd(),
+                &mut off_in,
+                dst.as_raw_fd(),
+                &mut off_out,
+                chunk,
+                0,
+            )
+        };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            return match err.raw_os_error() {
+                Some(libc::EXDEV | libc::ENOSYS | libc::EINVAL | libc::EOPNOTSUPP)
+                    if left == len =>
+                {
+                    Ok(false)
+                }
+                Some(libc::EINTR) => continue,
+                _ => Err(err),
+            };
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the source is shorter than expected",
+            ));
+        }
+        left -= n as u64;
+    }
+    Ok(true)
+}
