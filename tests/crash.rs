@@ -18,9 +18,7 @@ const SIDE: i32 = 1024; // the tensor is FLOAT[1024, 1024]: 4 MiB
 
 /// `linear.pte` with its weight grown to FLOAT[SIDE, SIDE], filled with `fill`.
 fn big_model(path: &Path, fill: u8) -> (u64, u64) {
-    let orig =
-        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/linear.pte"))
-            .unwrap();
+    let orig = common::fixture_bytes("linear.pte");
     let file = ModelFile::from_bytes(Path::new("linear.pte"), orig.clone()).unwrap();
     let Kind::Pte(pte) = &file.kind else { panic!() };
     let root =
@@ -49,25 +47,6 @@ fn big_model(path: &Path, fill: u8) -> (u64, u64) {
     (base, nbytes)
 }
 
-fn unmount(mnt: &Path) {
-    for tool in ["fusermount3", "fusermount"] {
-        if Command::new(tool)
-            .args(["-u", "-z"])
-            .arg(mnt)
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-        {
-            return;
-        }
-    }
-    let _ = Command::new("umount")
-        .arg("-l")
-        .arg(mnt)
-        .stderr(Stdio::null())
-        .status();
-}
-
 fn mount(model: &Path, mnt: &Path) -> Child {
     let child = Command::new(BIN)
         .arg("mount")
@@ -91,17 +70,6 @@ fn uniform(bytes: &[u8], fill: u8) -> bool {
     bytes.iter().all(|&x| x == fill)
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 #[test]
 fn sigkill_during_commits_leaves_old_or_new() {
     if common::fuse_missing() {
@@ -115,7 +83,7 @@ fn sigkill_during_commits_leaves_old_or_new() {
     let range = base as usize..(base + nbytes) as usize;
     let pristine = std::fs::read(&model).unwrap();
     let journal = ptefs::edit::journal::journal_path(&model);
-    let mut rng = Rng(0x5eed_1234_abcd_ef01);
+    let mut rng = common::Rng::new(0x5eed_1234_abcd_ef01);
     let mut current = 0x11u8;
     let (mut saw_old, mut saw_new, mut saw_journal) = (0, 0, 0);
     for round in 0..40 {
@@ -132,7 +100,7 @@ fn sigkill_during_commits_leaves_old_or_new() {
             libc::kill(child.id() as i32, libc::SIGKILL);
         }
         let _ = child.wait();
-        unmount(&mnt);
+        common::force_unmount(&mnt);
         writer.join().unwrap();
 
         let after = std::fs::read(&model).unwrap();
@@ -161,7 +129,7 @@ fn sigkill_during_commits_leaves_old_or_new() {
         // The remount replays a whole journal and discards a torn one.
         let mut child = mount(&model, &mnt);
         let seen = std::fs::read(mnt.join("plans/forward/values/0.bin")).unwrap();
-        unmount(&mnt);
+        common::force_unmount(&mnt);
         let _ = child.kill();
         let _ = child.wait();
         let after = std::fs::read(&model).unwrap();

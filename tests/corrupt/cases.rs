@@ -3,33 +3,13 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::common::{self, fixture_files, manifests};
+use crate::common::{self, fixture_files, manifests, Rng};
 use crate::edits::{ptd_edits, pte_edits, FLAGGED_PTD_EDITS, FLAGGED_PTE_EDITS};
 use crate::mutate::{
     flat_tensor_of, has_eh00, is_ptd, program_of, rebuild_ptd, rebuild_pte, regions, HUGE,
 };
 use ptefs::format::{Kind, ModelFile};
 use ptefs::tree::Model;
-
-/// xorshift64*: the corpus is the same on every run.
-pub struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-}
 
 /// One corrupted input: the files to open (index 0 is the model file, the rest attached
 /// `.ptd` files) and, when the corruption must be refused, words one of which the refusal
@@ -345,7 +325,8 @@ pub fn regressions(out: &mut Vec<Case>) {
 }
 
 pub fn corpus() -> Vec<Case> {
-    let mut rng = Rng(0x5eed_2026_0001);
+    // Seeded: the corpus is the same on every run.
+    let mut rng = Rng::new(0x5eed_2026_0001);
     let mut out = Vec::new();
     for f in fixtures() {
         truncations(&f, &mut out);
