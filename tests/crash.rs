@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use ptefs::format::generated::pte_fb;
 use ptefs::format::writer::{pack_program, pte_program_region};
-use ptefs::format::{Kind, ModelFile};
 
 mod common;
 
@@ -18,12 +17,7 @@ const SIDE: i32 = 1024; // the tensor is FLOAT[1024, 1024]: 4 MiB
 
 /// `linear.pte` with its weight grown to FLOAT[SIDE, SIDE], filled with `fill`.
 fn big_model(path: &Path, fill: u8) -> (u64, u64) {
-    let orig = common::fixture_bytes("linear.pte");
-    let file = ModelFile::from_bytes(Path::new("linear.pte"), orig.clone()).unwrap();
-    let Kind::Pte(pte) = &file.kind else { panic!() };
-    let root =
-        flatbuffers::root::<pte_fb::Program>(&orig[..pte.header.program_size() as usize]).unwrap();
-    let mut program = root.unpack();
+    let (orig, mut program, segments) = common::unpack_pte("linear.pte");
     let plan = &mut program.execution_plan.as_mut().unwrap()[0];
     let pte_fb::KernelTypesT::Tensor(t) = &mut plan.values.as_mut().unwrap()[0].val else {
         panic!()
@@ -31,7 +25,7 @@ fn big_model(path: &Path, fill: u8) -> (u64, u64) {
     t.sizes = Some(vec![SIDE, SIDE]);
     let nbytes = (SIDE * SIDE * 4) as u64;
     // Constants: [placeholder, weight, bias (12 bytes, padded to 16), scalar].
-    let seg = pte.segments[0];
+    let seg = segments[0];
     let old = &orig[seg.as_usize()];
     let mut data = vec![fill; nbytes as usize];
     data.extend_from_slice(&old[48..64]);

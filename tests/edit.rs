@@ -58,6 +58,16 @@ fn truncate(fs: &Fs, ino: Ino, size: u64) -> Result<(), ptefs::fs::FsError> {
     fs.setattr(ino, change).map(|_| ())
 }
 
+/// A writable copy of `linear.pte` opened through the core, its bytes before any edit, and its
+/// weight `plans/forward/values/0.bin`.
+fn linear_weight() -> (Copied, Fs, Vec<u8>, Ino) {
+    let c = copy_fixture("linear.pte");
+    let fs = open(&c, false);
+    let before = std::fs::read(&c.model).unwrap();
+    let ino = fs.tree().resolve("plans/forward/values/0.bin").unwrap();
+    (c, fs, before, ino)
+}
+
 /// Every writable file whose content is a plain range (tensor .bin, blobs, payloads, segments).
 fn raw_writable(tree: &Tree) -> Vec<(String, ptefs::format::layout::Location, bool)> {
     let mut out = Vec::new();
@@ -185,10 +195,7 @@ fn rejected_writes_leave_files_unchanged() {
 
 #[test]
 fn partial_writes_and_truncate_stage_until_close() {
-    let c = copy_fixture("linear.pte");
-    let fs = open(&c, false);
-    let ino = fs.tree().resolve("plans/forward/values/0.bin").unwrap();
-    let before = std::fs::read(&c.model).unwrap();
+    let (c, fs, before, ino) = linear_weight();
     let off = fs
         .tree()
         .xattrs(ino)
@@ -646,10 +653,7 @@ fn seeded_sequence_dead_on_counter() {
 
 #[test]
 fn a_refused_commit_sticks_to_its_handle() {
-    let c = copy_fixture("linear.pte");
-    let fs = open(&c, false);
-    let before = std::fs::read(&c.model).unwrap();
-    let ino = fs.tree().resolve("plans/forward/values/0.bin").unwrap();
+    let (c, fs, before, ino) = linear_weight();
     let fh = fs.open(ino, libc::O_WRONLY | libc::O_TRUNC).unwrap();
     fs.write(fh, 0, &pattern(40, 1)).unwrap();
     let refused = fs.flush(fh).unwrap_err();
@@ -669,10 +673,7 @@ fn a_refused_commit_sticks_to_its_handle() {
 
 #[test]
 fn flush_commits_only_what_its_handle_wrote() {
-    let c = copy_fixture("linear.pte");
-    let fs = open(&c, false);
-    let before = std::fs::read(&c.model).unwrap();
-    let ino = fs.tree().resolve("plans/forward/values/0.bin").unwrap();
+    let (c, fs, before, ino) = linear_weight();
     // A shell's `cmd > file`: open with O_TRUNC, close a duplicate before anything is
     // written, then write through the other descriptor.
     let fh = fs.open(ino, libc::O_WRONLY | libc::O_TRUNC).unwrap();
@@ -702,9 +703,7 @@ fn flush_commits_only_what_its_handle_wrote() {
 
 #[test]
 fn mode_and_owner_cannot_change() {
-    let c = copy_fixture("linear.pte");
-    let fs = open(&c, false);
-    let ino = fs.tree().resolve("plans/forward/values/0.bin").unwrap();
+    let (c, fs, _, ino) = linear_weight();
     let a = fs.getattr(ino).unwrap();
     let chmod = |mode| SetAttr {
         mode: Some(mode),

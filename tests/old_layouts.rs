@@ -57,14 +57,9 @@ fn reads_a_24_byte_extended_header() {
 /// `constant_segment`, no segments, and so no `eh00`.
 #[test]
 fn reads_inline_constant_buffers_without_extended_header() {
-    let orig = common::fixture_bytes("linear.pte");
-    let file = ModelFile::from_bytes(Path::new("linear.pte"), orig.clone()).unwrap();
-    let Kind::Pte(pte) = &file.kind else { panic!() };
-    let root =
-        flatbuffers::root::<pte_fb::Program>(&orig[..pte.header.program_size() as usize]).unwrap();
-    let mut program = root.unpack();
+    let (orig, mut program, segments) = common::unpack_pte("linear.pte");
     let cs = program.constant_segment.take().unwrap();
-    let seg = pte.segments[cs.segment_index as usize];
+    let seg = segments[cs.segment_index as usize];
     let offsets = cs.offsets.unwrap();
     let mut buffers = Vec::new();
     for (k, &off) in offsets.iter().enumerate() {

@@ -10,6 +10,9 @@ use proptest::prelude::Rng as _;
 use proptest::test_runner::{RngAlgorithm, TestRng};
 use sha2::{Digest, Sha256};
 
+use ptefs::format::generated::pte_fb;
+use ptefs::format::range::ByteRange;
+use ptefs::format::{Kind, ModelFile};
 use ptefs::fs::{FileType, Fs};
 use ptefs::tree::Ino;
 
@@ -70,6 +73,21 @@ pub fn fixture_files(manifest: &Path) -> (PathBuf, Vec<PathBuf>) {
         })
         .unwrap_or_default();
     (manifest.with_extension(""), data)
+}
+
+/// A fixture `.pte` with an extended header, parsed: its bytes, its program unpacked for
+/// editing, and where its segments are in the file.
+pub fn unpack_pte(name: &str) -> (Vec<u8>, pte_fb::ProgramT, Vec<ByteRange>) {
+    let bytes = fixture_bytes(name);
+    let file = ModelFile::from_bytes(Path::new(name), bytes.clone()).unwrap();
+    let Kind::Pte(pte) = &file.kind else {
+        panic!("{name} is not a .pte")
+    };
+    let end = pte.header.program_size() as usize;
+    let program = flatbuffers::root::<pte_fb::Program>(&bytes[..end])
+        .unwrap()
+        .unpack();
+    (bytes, program, pte.segments.clone())
 }
 
 /// A model file and its `.ptd` files copied into a fresh temp dir, for tests that change or

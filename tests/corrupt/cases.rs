@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use crate::common::{self, fixture_files, manifests, Rng};
 use crate::edits::{ptd_edits, pte_edits, FLAGGED_PTD_EDITS, FLAGGED_PTE_EDITS};
 use crate::mutate::{
-    flat_tensor_of, has_eh00, is_ptd, program_of, rebuild_ptd, rebuild_pte, regions, HUGE,
+    flat_tensor_of, has_eh00, is_ptd, program_of, rebuild_ptd, rebuild_pte, regions, Edit, HUGE,
 };
 use ptefs::format::{Kind, ModelFile};
 use ptefs::tree::Model;
@@ -264,33 +264,34 @@ pub fn edited_cases(f: &Fixture, name: &str, bytes: Vec<u8>, must_flag: bool) ->
 pub fn structured(f: &Fixture, out: &mut Vec<Case>) {
     if is_ptd(&f.bytes) {
         let ft = flat_tensor_of(&f.bytes);
-        out.extend(cases_of(
-            f,
-            format!("{} rebuilt", f.path.display()),
-            rebuild_ptd(&f.bytes, &ft),
-            None,
-        ));
-        for (name, edit) in ptd_edits() {
-            let mut ft = ft.clone();
-            if edit(&mut ft) {
-                let flag = FLAGGED_PTD_EDITS.iter().any(|e| name.starts_with(e));
-                out.extend(edited_cases(f, &name, rebuild_ptd(&f.bytes, &ft), flag));
-            }
-        }
-        return;
+        edited(f, ft, rebuild_ptd, ptd_edits(), FLAGGED_PTD_EDITS, out);
+    } else {
+        let program = program_of(&f.bytes);
+        edited(f, program, rebuild_pte, pte_edits(), FLAGGED_PTE_EDITS, out);
     }
-    let program = program_of(&f.bytes);
+}
+
+/// The fixture rebuilt from its unpacked root `table`, as it is and with each edit of
+/// `edits` that applies; `flagged` names the edits `check` must report.
+fn edited<T: Clone>(
+    f: &Fixture,
+    table: T,
+    rebuild: fn(&[u8], &T) -> Vec<u8>,
+    edits: Vec<(String, Edit<T>)>,
+    flagged: &[&str],
+    out: &mut Vec<Case>,
+) {
     out.extend(cases_of(
         f,
         format!("{} rebuilt", f.path.display()),
-        rebuild_pte(&f.bytes, &program),
+        rebuild(&f.bytes, &table),
         None,
     ));
-    for (name, edit) in pte_edits() {
-        let mut p = program.clone();
-        if edit(&mut p) {
-            let flag = FLAGGED_PTE_EDITS.iter().any(|e| name.starts_with(e));
-            out.extend(edited_cases(f, &name, rebuild_pte(&f.bytes, &p), flag));
+    for (name, edit) in edits {
+        let mut t = table.clone();
+        if edit(&mut t) {
+            let flag = flagged.iter().any(|e| name.starts_with(e));
+            out.extend(edited_cases(f, &name, rebuild(&f.bytes, &t), flag));
         }
     }
 }

@@ -2,7 +2,8 @@
 //! and the lists of those that `check` must flag.
 
 use crate::mutate::{
-    any_tensor, instructions, on_tensors, plans, tensors, with_bytes, PtdEdit, PteEdit, HUGE,
+    any_tensor, instructions, on_last, on_tensors, plans, tensors, with_bytes, PtdEdit, PteEdit,
+    HUGE,
 };
 use ptefs::format::generated::{ptd_fb, pte_fb};
 
@@ -14,15 +15,13 @@ pub fn pte_edits() -> Vec<(String, PteEdit)> {
         add(
             &format!("segment offset/size field {k} = {v}"),
             Box::new(move |p| {
-                let Some(s) = p.segments.as_mut().and_then(|s| s.last_mut()) else {
-                    return false;
-                };
-                if k == 0 {
-                    s.offset = v;
-                } else {
-                    s.size = v;
-                }
-                true
+                on_last(&mut p.segments, |s| {
+                    if k == 0 {
+                        s.offset = v
+                    } else {
+                        s.size = v
+                    }
+                })
             }),
         );
     }
@@ -652,15 +651,13 @@ pub fn ptd_edits() -> Vec<(String, PtdEdit)> {
         add(
             &format!("segment field {k} = {v}"),
             Box::new(move |f| {
-                let Some(s) = f.segments.as_mut().and_then(|s| s.last_mut()) else {
-                    return false;
-                };
-                if k == 0 {
-                    s.offset = v;
-                } else {
-                    s.size = v;
-                }
-                true
+                on_last(&mut f.segments, |s| {
+                    if k == 0 {
+                        s.offset = v
+                    } else {
+                        s.size = v
+                    }
+                })
             }),
         );
     }

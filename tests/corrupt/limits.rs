@@ -18,38 +18,31 @@ use ptefs::tree::{Model, Tree};
 /// few MB into more than the machine has). It is refused, quickly, saying why.
 #[test]
 fn shared_tables_cannot_multiply_memory() {
-    let orig = std::fs::read(common::fixtures_dir().join("linear.pte")).unwrap();
+    let orig = common::fixture_bytes("linear.pte");
     let program = program_of(&orig);
-    let mut fbb = flatbuffers::FlatBufferBuilder::new();
-    let plan = program.execution_plan.as_ref().unwrap()[0].pack(&mut fbb);
-    let plans = fbb.create_vector(&vec![plan; 100_000]);
-    let root = pte_fb::Program::create(
-        &mut fbb,
-        &pte_fb::ProgramArgs {
-            execution_plan: Some(plans),
-            ..Default::default()
-        },
-    );
-    fbb.finish(root, Some("ET12"));
-    let (bytes, _) = pte_program_region(fbb.finished_data(), 16, 128, 0, false);
+    // A program whose plan vector holds the first plan `n` times, one table shared by all.
+    let shared = |n: usize| {
+        let mut fbb = flatbuffers::FlatBufferBuilder::new();
+        let plan = program.execution_plan.as_ref().unwrap()[0].pack(&mut fbb);
+        let plans = fbb.create_vector(&vec![plan; n]);
+        let root = pte_fb::Program::create(
+            &mut fbb,
+            &pte_fb::ProgramArgs {
+                execution_plan: Some(plans),
+                ..Default::default()
+            },
+        );
+        fbb.finish(root, Some("ET12"));
+        pte_program_region(fbb.finished_data(), 16, 128, 0, false).0
+    };
+    let bytes = shared(100_000);
     assert!(bytes.len() < 500_000);
     let t = Instant::now();
     let err = Kind::parse(&bytes).unwrap_err();
     assert!(err.message().contains("Apparent size"), "{err}");
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     // Sharing on the scale of real files (vtables, a few tables) stays accepted.
-    let mut fbb = flatbuffers::FlatBufferBuilder::new();
-    let plan = program.execution_plan.as_ref().unwrap()[0].pack(&mut fbb);
-    let plans = fbb.create_vector(&[plan, plan]);
-    let root = pte_fb::Program::create(
-        &mut fbb,
-        &pte_fb::ProgramArgs {
-            execution_plan: Some(plans),
-            ..Default::default()
-        },
-    );
-    fbb.finish(root, Some("ET12"));
-    let (bytes, _) = pte_program_region(fbb.finished_data(), 16, 128, 0, false);
+    let bytes = shared(2);
     assert!(Kind::parse(&bytes).is_ok());
 }
 
@@ -104,7 +97,7 @@ fn many_plans_render_in_linear_time() {
 /// 1 for each repeat: 40,000 equal keys, a 640 KB file, took 57 s in a release build).
 #[test]
 fn many_equal_keys_are_named_in_linear_time() {
-    let orig = std::fs::read(common::fixtures_dir().join("linear.pte")).unwrap();
+    let orig = common::fixture_bytes("linear.pte");
     let mut program = program_of(&orig);
     program.named_data = Some(
         (0..20_000)

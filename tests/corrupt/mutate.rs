@@ -68,9 +68,12 @@ pub fn flat_tensor_of(b: &[u8]) -> ptd_fb::FlatTensorT {
         .unpack()
 }
 
-pub type PteEdit = Box<dyn Fn(&mut pte_fb::ProgramT) -> bool>;
+/// A change to an unpacked root table; false when the table has nothing it applies to.
+pub type Edit<T> = Box<dyn Fn(&mut T) -> bool>;
 
-pub type PtdEdit = Box<dyn Fn(&mut ptd_fb::FlatTensorT) -> bool>;
+pub type PteEdit = Edit<pte_fb::ProgramT>;
+
+pub type PtdEdit = Edit<ptd_fb::FlatTensorT>;
 
 pub fn tensors(p: &mut pte_fb::ProgramT) -> Vec<&mut pte_fb::TensorT> {
     p.execution_plan
@@ -86,6 +89,11 @@ pub fn tensors(p: &mut pte_fb::ProgramT) -> Vec<&mut pte_fb::TensorT> {
 
 pub fn plans(p: &mut pte_fb::ProgramT) -> Vec<&mut pte_fb::ExecutionPlanT> {
     p.execution_plan.iter_mut().flatten().collect()
+}
+
+/// Applies `f` to the last element of a table's vector; false when there is none.
+pub fn on_last<T>(v: &mut Option<Vec<T>>, f: impl FnOnce(&mut T)) -> bool {
+    v.as_mut().and_then(|v| v.last_mut()).map(f).is_some()
 }
 
 /// Applies `f` to the first tensor that `pick` accepts, or to all of them with `all`.
