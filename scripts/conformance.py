@@ -11,16 +11,18 @@ the manifest's inputs, and compares the first output:
 * `--expected-npy OUT.npy`: allclose to that array (in addition to the above).
 
 Every check runs in a forked child, so a runtime crash on a damaged file is reported as a
-failure instead of ending the run. One line per check (`ok   NAME METHOD` / `FAIL NAME
+failure instead of ending the run (the runtime side is in scripts/etlib.py, shared with
+scripts/conformance_edits.py). One line per check (`ok   NAME METHOD` / `FAIL NAME
 METHOD: reason`), then `N passed, M failed`; the exit status is 1 if any check failed.
 """
 
 import argparse
 import json
 import os
-import pickle
-import signal
 import sys
+
+sys.dont_write_bytecode = True
+from etlib import close, load_torch, run_in_child  # noqa: E402  (scripts/, next to this file)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -28,95 +30,6 @@ DEFAULT_DIRS = [
     os.path.join(os.path.dirname(REPO), "shared", "fixtures"),
     os.path.join(REPO, "tests", "fixtures", "extra"),
 ]
-
-
-def quiet_native_logs():
-    """The runtime logs CPU-detection chatter on stderr; keep stderr for real errors."""
-    import logging
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    logging.getLogger("torch").setLevel(logging.ERROR)
-
-
-def load_torch():
-    quiet_native_logs()
-    import torch  # noqa: F401
-    from executorch.runtime import Runtime
-
-    Runtime.get()
-    return torch
-
-
-def inputs_to_tensors(torch, inputs):
-    out = []
-    for i in inputs:
-        dtype = getattr(torch, i["dtype"].split(".", 1)[1])
-        t = torch.tensor(i["values"], dtype=dtype).reshape(i["shape"])
-        if i.get("channels_last"):
-            t = t.contiguous(memory_format=torch.channels_last)
-        out.append(t)
-    return out
-
-
-def run_in_child(pte, ptd, method, inputs):
-    """Run the method in a forked child; returns ("ok", shape, values) or ("error", reason)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        try:
-            import torch
-            from executorch.runtime import Runtime
-
-            # Silence the runtime's own stderr chatter in the child.
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 2)
-            program = Runtime.get().load_program(pte, data_path=ptd)
-            m = program.load_method(method)
-            if m is None:
-                raise RuntimeError(f"method {method!r} not found")
-            out = m.execute(inputs_to_tensors(torch, inputs))[0]
-            if isinstance(out, torch.Tensor):
-                t = out.contiguous()
-                dtype = str(t.dtype)
-                values = (t.to(torch.float64) if t.is_floating_point() else t).reshape(-1).tolist()
-                result = ("ok", list(t.shape), values, dtype)
-            else:
-                result = ("ok", [], [out], type(out).__name__)
-        except BaseException as e:  # noqa: BLE001
-            msg = str(e).strip().splitlines()
-            result = ("error", f"{type(e).__name__}: {msg[0] if msg else ''}")
-        with os.fdopen(w, "wb") as f:
-            pickle.dump(result, f)
-        os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        return ("error", f"runtime crashed ({signal.Signals(sig).name})")
-    if not data:
-        return ("error", f"runtime exited with status {os.WEXITSTATUS(status)}")
-    return pickle.loads(data)
-
-
-def tolerances(dtype):
-    if "bfloat16" in dtype:
-        return 1e-2, 1e-2
-    if "float16" in dtype:
-        return 1e-3, 1e-3
-    return 1e-5, 1e-5
-
-
-def close(torch, shape_a, values_a, shape_b, values_b, dtype):
-    if list(shape_a) != list(shape_b):
-        return False
-    a = torch.tensor(values_a, dtype=torch.float64)
-    b = torch.tensor(values_b, dtype=torch.float64)
-    rtol, atol = tolerances(dtype)
-    return bool(torch.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True))
 
 
 def check(torch, name, pte, ptd, manifest, mode="same", expected_npy=None):

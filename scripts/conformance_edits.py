@@ -38,30 +38,11 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.dont_write_bytecode = True
 sys.path.insert(0, HERE)
+from etlib import allclose, load_torch, manifest_io  # noqa: E402
 
 
 class Failure(Exception):
     pass
-
-
-def load_torch():
-    from conformance import load_torch as lt
-
-    return lt()
-
-
-def manifest_io(torch, manifest):
-    from conformance import inputs_to_tensors
-
-    rc = manifest["runtime_check"]
-    inputs = inputs_to_tensors(torch, rc["inputs"])
-    exp = rc["expected"]
-    expected = torch.tensor(exp["values"], dtype=torch.float32).reshape(exp["shape"])
-    return inputs, expected
-
-
-def allclose(torch, a, b):
-    return a.shape == b.shape and bool(torch.allclose(a.to(torch.float64), b.to(torch.float64), rtol=1e-5, atol=1e-5))
 
 
 def read_bytes(path):

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use ptefs::format::generated::pte_fb;
 use ptefs::format::writer::{pack_program, pte_program_region};
-use ptefs::format::{Kind, ModelFile};
 
 mod common;
 
@@ -18,14 +17,7 @@ const SIDE: i32 = 1024; // the tensor is FLOAT[1024, 1024]: 4 MiB
 
 /// `linear.pte` with its weight grown to FLOAT[SIDE, SIDE], filled with `fill`.
 fn big_model(path: &Path, fill: u8) -> (u64, u64) {
-    let orig =
-        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/linear.pte"))
-            .unwrap();
-    let file = ModelFile::from_bytes(Path::new("linear.pte"), orig.clone()).unwrap();
-    let Kind::Pte(pte) = &file.kind else { panic!() };
-    let root =
-        flatbuffers::root::<pte_fb::Program>(&orig[..pte.header.program_size() as usize]).unwrap();
-    let mut program = root.unpack();
+    let (orig, mut program, segments) = common::unpack_pte("linear.pte");
     let plan = &mut program.execution_plan.as_mut().unwrap()[0];
     let pte_fb::KernelTypesT::Tensor(t) = &mut plan.values.as_mut().unwrap()[0].val else {
         panic!()
@@ -33,7 +25,7 @@ fn big_model(path: &Path, fill: u8) -> (u64, u64) {
     t.sizes = Some(vec![SIDE, SIDE]);
     let nbytes = (SIDE * SIDE * 4) as u64;
     // Constants: [placeholder, weight, bias (12 bytes, padded to 16), scalar].
-    let seg = pte.segments[0];
+    let seg = segments[0];
     let old = &orig[seg.as_usize()];
     let mut data = vec![fill; nbytes as usize];
     data.extend_from_slice(&old[48..64]);
@@ -47,25 +39,6 @@ fn big_model(path: &Path, fill: u8) -> (u64, u64) {
     out.extend_from_slice(&data);
     std::fs::write(path, &out).unwrap();
     (base, nbytes)
-}
-
-fn unmount(mnt: &Path) {
-    for tool in ["fusermount3", "fusermount"] {
-        if Command::new(tool)
-            .args(["-u", "-z"])
-            .arg(mnt)
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-        {
-            return;
-        }
-    }
-    let _ = Command::new("umount")
-        .arg("-l")
-        .arg(mnt)
-        .stderr(Stdio::null())
-        .status();
 }
 
 fn mount(model: &Path, mnt: &Path) -> Child {
@@ -91,17 +64,6 @@ fn uniform(bytes: &[u8], fill: u8) -> bool {
     bytes.iter().all(|&x| x == fill)
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 #[test]
 fn sigkill_during_commits_leaves_old_or_new() {
     if common::fuse_missing() {
@@ -115,7 +77,7 @@ fn sigkill_during_commits_leaves_old_or_new() {
     let range = base as usize..(base + nbytes) as usize;
     let pristine = std::fs::read(&model).unwrap();
     let journal = ptefs::edit::journal::journal_path(&model);
-    let mut rng = Rng(0x5eed_1234_abcd_ef01);
+    let mut rng = common::Rng::new(0x5eed_1234_abcd_ef01);
     let mut current = 0x11u8;
     let (mut saw_old, mut saw_new, mut saw_journal) = (0, 0, 0);
     for round in 0..40 {
@@ -132,7 +94,7 @@ fn sigkill_during_commits_leaves_old_or_new() {
             libc::kill(child.id() as i32, libc::SIGKILL);
         }
         let _ = child.wait();
-        unmount(&mnt);
+        common::force_unmount(&mnt);
         writer.join().unwrap();
 
         let after = std::fs::read(&model).unwrap();
@@ -161,7 +123,7 @@ fn sigkill_during_commits_leaves_old_or_new() {
         // The remount replays a whole journal and discards a torn one.
         let mut child = mount(&model, &mnt);
         let seen = std::fs::read(mnt.join("plans/forward/values/0.bin")).unwrap();
-        unmount(&mnt);
+        common::force_unmount(&mnt);
         let _ = child.kill();
         let _ = child.wait();
         let after = std::fs::read(&model).unwrap();

@@ -1,7 +1,7 @@
 //! A model file truncated by another process while mapped: touching the lost pages must not
 //! kill the process, and reads must fail with EIO instead of serving zeros.
 
-use std::path::Path;
+mod common;
 
 use ptefs::format::ModelFile;
 
@@ -10,9 +10,7 @@ fn sigbus_on_a_truncated_mapping_is_survived_and_reported() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("big.pte");
     // A real fixture followed by many pages of padding, so pages past the cut exist.
-    let mut bytes =
-        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/linear.pte"))
-            .unwrap();
+    let mut bytes = common::fixture_bytes("linear.pte");
     bytes.resize(bytes.len() + (1 << 20), 0xab);
     std::fs::write(&path, &bytes).unwrap();
     let file = ModelFile::open(&path).unwrap();

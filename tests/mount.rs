@@ -19,8 +19,11 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 mod common;
-use common::mount::{is_mounted, py, py_errno, run, text, tool, Mount, BIN};
-use common::{fuse_missing, load_json, sha256_hex};
+use common::mount::{py, py_errno, run, text, tool, Mount, BIN};
+use common::{
+    copy_files, fixture_files, fuse_missing, is_mounted, load_json, mountinfo_line, pattern,
+    sha256_hex, Copied,
+};
 
 /// One fixture: a model file, its manifest, its `.tree` list and the `.ptd` files it needs.
 struct Fixture {
@@ -33,13 +36,8 @@ struct Fixture {
 
 impl Fixture {
     fn load(manifest_path: &Path) -> Fixture {
-        let file = manifest_path.with_extension("");
+        let (file, data) = fixture_files(manifest_path);
         let manifest = load_json(manifest_path);
-        let dir = manifest_path.parent().unwrap();
-        let data = manifest["data_files"]
-            .as_array()
-            .map(|a| a.iter().map(|d| dir.join(d.as_str().unwrap())).collect())
-            .unwrap_or_default();
         let tree_path = PathBuf::from(format!("{}.tree", file.display()));
         let tree = std::fs::read_to_string(&tree_path)
             .unwrap_or_else(|e| panic!("{}: {e}", tree_path.display()))
@@ -74,14 +72,6 @@ fn all_fixtures() -> Vec<Fixture> {
     let manifests = common::manifests();
     assert!(!manifests.is_empty(), "no fixture manifests found");
     manifests.iter().map(|m| Fixture::load(m)).collect()
-}
-
-fn mountinfo_line(path: &Path) -> Option<String> {
-    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    table
-        .lines()
-        .rfind(|l| l.split(' ').nth(4) == Some(path.to_str().unwrap()))
-        .map(str::to_string)
 }
 
 /// Every path below `root` (directories with a trailing `/`), by readdir, as `ls -R` walks.
@@ -271,14 +261,26 @@ fn getxattr(path: &Path, name: &str) -> Option<String> {
     Some(String::from_utf8(buf).unwrap())
 }
 
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(97).wrapping_add(seed) ^ (i >> 8) as u8)
-        .collect()
-}
-
 fn paths_of(tree: &[String], pred: impl Fn(&str) -> bool) -> Vec<String> {
     tree.iter().filter(|p| pred(p)).cloned().collect()
+}
+
+/// Runs `test` on every fixture; it returns false where the fixture has nothing to test.
+/// Fails with `none` unless at least one fixture was tested.
+fn for_fixtures(none: &str, mut test: impl FnMut(&Fixture) -> bool) {
+    let tested = all_fixtures().iter().filter(|fx| test(fx)).count();
+    assert!(tested > 0, "{none}");
+}
+
+/// The first fixture with a tensor `.bin`, and that file's path.
+fn with_tensor_bin() -> (Fixture, String) {
+    all_fixtures()
+        .into_iter()
+        .find_map(|fx| {
+            let bin = paths_of(&fx.tree, |p| p.contains("/values/") && p.ends_with(".bin"));
+            bin.into_iter().next().map(|b| (fx, b))
+        })
+        .expect("a fixture with a tensor .bin")
 }
 
 // ---------------------------------------------------------------------------------------
@@ -537,13 +539,12 @@ fn cp_of_a_same_size_tensor_replaces_exactly_its_range() {
     if fuse_missing() {
         return;
     }
-    let mut swapped = 0;
-    for fx in all_fixtures() {
+    for_fixtures("no fixture has a tensor .bin", |fx| {
         let bins = paths_of(&fx.tree, |p| {
             writable(p) && p.ends_with(".bin") && p.contains("/values/")
         });
         let Some(target) = bins.first() else {
-            continue;
+            return false;
         };
         let m = Mount::new(&fx.file, &fx.data, &[]);
         let f = m.path(target);
@@ -594,9 +595,8 @@ fn cp_of_a_same_size_tensor_replaces_exactly_its_range() {
         let header = npy_before.len() - len;
         assert_eq!(&npy_after[..header], &npy_before[..header]);
         assert_eq!(&npy_after[header..], &new[..], "{}: stale .npy", fx.name);
-        swapped += 1;
-    }
-    assert!(swapped > 0, "no fixture has a tensor .bin");
+        true
+    });
 }
 
 #[test]
@@ -604,15 +604,14 @@ fn numpy_save_onto_an_npy_commits_and_a_wrong_shape_is_einval() {
     if fuse_missing() {
         return;
     }
-    let mut done = 0;
-    for fx in all_fixtures() {
+    for_fixtures("no fixture has a FLOAT .npy", |fx| {
         let npys = paths_of(&fx.tree, |p| p.ends_with(".npy") && p.contains("/values/"));
         let m = Mount::new(&fx.file, &fx.data, &[]);
         let Some(target) = npys.iter().find(|p| {
             let dtype = getxattr(&m.path(p), "user.ptefs.dtype");
             dtype.as_deref() == Some("FLOAT") && std::fs::metadata(m.path(p)).unwrap().len() > 128
         }) else {
-            continue;
+            return false;
         };
         let f = m.path(target);
         let bin = m.path(&format!("{}.bin", target.trim_end_matches(".npy")));
@@ -656,9 +655,8 @@ sys.stdout.write(b.tobytes().hex())
             &[f.to_str().unwrap(), bin.to_str().unwrap()],
         );
         assert!(ok, "{}: after a refused save: {errs}", fx.name);
-        done += 1;
-    }
-    assert!(done > 0, "no fixture has a FLOAT .npy");
+        true
+    });
 }
 
 #[test]
@@ -666,11 +664,10 @@ fn wrong_size_writes_fail_at_close_with_einval_and_change_nothing() {
     if fuse_missing() {
         return;
     }
-    let mut done = 0;
-    for fx in all_fixtures() {
+    for_fixtures("no fixture has a tensor .bin", |fx| {
         let bins = paths_of(&fx.tree, |p| p.contains("/values/") && p.ends_with(".bin"));
         let Some(target) = bins.first() else {
-            continue;
+            return false;
         };
         let m = Mount::new(&fx.file, &fx.data, &[]);
         let f = m.path(target);
@@ -709,9 +706,8 @@ fn wrong_size_writes_fail_at_close_with_einval_and_change_nothing() {
             fx.name
         );
         assert_eq!(sha256_hex(&std::fs::read(&backing).unwrap()), sha);
-        done += 1;
-    }
-    assert!(done > 0);
+        true
+    });
 }
 
 #[test]
@@ -719,14 +715,7 @@ fn read_only_files_are_eacces_and_the_tree_cannot_be_reshaped() {
     if fuse_missing() {
         return;
     }
-    let fx = all_fixtures()
-        .into_iter()
-        .find(|f| {
-            f.tree
-                .iter()
-                .any(|p| p.contains("/values/") && p.ends_with(".bin"))
-        })
-        .expect("a fixture with a tensor .bin");
+    let (fx, target) = with_tensor_bin();
     let m = Mount::new(&fx.file, &fx.data, &[]);
     let before = std::fs::read(&m.model).unwrap();
     let json = paths_of(&fx.tree, |p| p.ends_with(".json"));
@@ -736,8 +725,7 @@ fn read_only_files_are_eacces_and_the_tree_cannot_be_reshaped() {
         assert_eq!(py_errno("open(sys.argv[1], 'r+b')", &[f]), "EACCES", "{p}");
         assert_eq!(py_errno("open(sys.argv[1], 'wb')", &[f]), "EACCES", "{p}");
     }
-    let bin = paths_of(&fx.tree, |p| p.contains("/values/") && p.ends_with(".bin"))[0].clone();
-    let f = m.path(&bin);
+    let f = m.path(&target);
     let fs = f.to_str().unwrap();
     assert_eq!(py_errno("os.unlink(sys.argv[1])", &[fs]), "EPERM");
     let rm = run(Command::new("rm").arg("-f").arg(&f));
@@ -778,16 +766,8 @@ fn editor_save_through_a_scratch_file_and_rename_commits() {
     if fuse_missing() {
         return;
     }
-    let fx = all_fixtures()
-        .into_iter()
-        .find(|f| {
-            f.tree
-                .iter()
-                .any(|p| p.contains("/values/") && p.ends_with(".bin"))
-        })
-        .expect("a fixture with a tensor .bin");
+    let (fx, target) = with_tensor_bin();
     let mut m = Mount::new(&fx.file, &fx.data, &[]);
-    let target = paths_of(&fx.tree, |p| p.contains("/values/") && p.ends_with(".bin"))[0].clone();
     let f = m.path(&target);
     let len = std::fs::metadata(&f).unwrap().len() as usize;
     let offset: usize = getxattr(&f, "user.ptefs.offset").unwrap().parse().unwrap();
@@ -1020,24 +1000,13 @@ fn sigterm_in_the_foreground_commits_and_unmounts() {
     if fuse_missing() {
         return;
     }
-    let fx = all_fixtures()
-        .into_iter()
-        .find(|f| {
-            f.tree
-                .iter()
-                .any(|p| p.contains("/values/") && p.ends_with(".bin"))
-        })
-        .expect("a fixture with a tensor .bin");
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().canonicalize().unwrap();
-    let model = root.join(&fx.name);
-    std::fs::copy(&fx.file, &model).unwrap();
-    let mut data = Vec::new();
-    for d in &fx.data {
-        let to = root.join(d.file_name().unwrap());
-        std::fs::copy(d, &to).unwrap();
-        data.push(to);
-    }
+    let (fx, target) = with_tensor_bin();
+    let Copied {
+        dir: _dir,
+        root,
+        model,
+        data,
+    } = copy_files(&fx.file, &fx.data);
     let mnt = root.join("mnt");
     std::fs::create_dir(&mnt).unwrap();
     let mut cmd = Command::new(BIN);
@@ -1058,7 +1027,6 @@ fn sigterm_in_the_foreground_commits_and_unmounts() {
         );
         std::thread::sleep(Duration::from_millis(2));
     }
-    let target = paths_of(&fx.tree, |p| p.contains("/values/") && p.ends_with(".bin"))[0].clone();
     let f = mnt.join(&target);
     let len = std::fs::metadata(&f).unwrap().len() as usize;
     let offset: usize = getxattr(&f, "user.ptefs.offset").unwrap().parse().unwrap();

@@ -62,6 +62,19 @@ impl Ctx {
         }
     }
 
+    /// Compares each field of an expected object with the same field found (a found object
+    /// may have more); an expected non-object means the found value must be null.
+    fn fields_eq(&mut self, what: &str, expected: &Value, found: &Value) {
+        match expected.as_object() {
+            None => self.json_eq(what, &Value::Null, found),
+            Some(fields) => {
+                for (k, v) in fields {
+                    self.json_eq(&format!("{what}.{k}"), v, &found[k]);
+                }
+            }
+        }
+    }
+
     fn ino(&mut self, path: &str) -> Option<Ino> {
         let ino = self.tree.find(path);
         if ino.is_none() {
@@ -291,6 +304,17 @@ fn for_each_fixture(check: impl Fn(&mut Ctx)) {
     );
 }
 
+/// Runs `check` on every plan of every fixture, with the plan's manifest entry and its
+/// directory name under `plans/`.
+fn for_each_plan(check: impl Fn(&mut Ctx, &Value, &str)) {
+    for_each_fixture(|c| {
+        let plans = c.manifest["plans"].as_array().cloned().unwrap_or_default();
+        for (p, plan) in plans.iter().zip(plan_dirs(&c.manifest)) {
+            check(c, p, &plan);
+        }
+    });
+}
+
 #[test]
 fn tree_paths_equal_the_tree_lists() {
     for_each_fixture(|c| {
@@ -365,22 +389,11 @@ fn header_json_matches_the_manifest() {
                 Some(size),
                 h["file_size"].as_u64(),
             );
-            match mh["extended"].as_object() {
-                None => c.json_eq(
-                    &format!("{prefix}header.json extended_header"),
-                    &Value::Null,
-                    &h["extended_header"],
-                ),
-                Some(ext) => {
-                    for (k, v) in ext {
-                        c.json_eq(
-                            &format!("{prefix}header.json extended_header.{k}"),
-                            v,
-                            &h["extended_header"][k],
-                        );
-                    }
-                }
-            }
+            c.fields_eq(
+                &format!("{prefix}header.json extended_header"),
+                &mh["extended"],
+                &h["extended_header"],
+            );
         }
     });
 }
@@ -489,22 +502,11 @@ fn check_tensor(c: &mut Ctx, dir: &str, i: usize, v: &Value, j: &Value) {
     ] {
         c.json_eq(&format!("{at} {key}"), &v[key], &j[key]);
     }
-    match v["allocation_info"].as_object() {
-        None => c.json_eq(
-            &format!("{at} allocation_info"),
-            &Value::Null,
-            &j["allocation_info"],
-        ),
-        Some(a) => {
-            for (k, x) in a {
-                c.json_eq(
-                    &format!("{at} allocation_info.{k}"),
-                    x,
-                    &j["allocation_info"][k],
-                );
-            }
-        }
-    }
+    c.fields_eq(
+        &format!("{at} allocation_info"),
+        &v["allocation_info"],
+        &j["allocation_info"],
+    );
     let data = match str_of(&v["data"]) {
         "mutable_initial_state" => "mutable",
         other => other,
@@ -600,29 +602,26 @@ fn xattr(fs: &Fs, ino: Ino, name: &str) -> Option<String> {
 
 #[test]
 fn values_match_the_manifest() {
-    for_each_fixture(|c| {
-        let plans = c.manifest["plans"].as_array().cloned().unwrap_or_default();
-        for (p, plan) in plans.iter().zip(plan_dirs(&c.manifest)) {
-            let dir = format!("plans/{plan}/values");
-            for (i, v) in p["values"].as_array().into_iter().flatten().enumerate() {
-                c.json_eq(
-                    &format!("{dir}: manifest index"),
-                    &v["index"],
-                    &Value::from(i),
-                );
-                let Some(j) = c.json(&format!("{dir}/{i}.json")) else {
-                    continue;
-                };
-                let at = format!("{dir}/{i}.json");
-                c.eq(&format!("{at} index"), Some(i as u64), j["index"].as_u64());
-                c.json_eq(&format!("{at} type"), &v["kind"], &j["type"]);
-                match str_of(&v["kind"]) {
-                    "Tensor" => check_tensor(c, &dir, i, v, &j),
-                    _ => {
-                        for key in ["value", "items"] {
-                            if let Some(x) = v.get(key) {
-                                c.json_eq(&format!("{at} {key}"), x, &j[key]);
-                            }
+    for_each_plan(|c, p, plan| {
+        let dir = format!("plans/{plan}/values");
+        for (i, v) in p["values"].as_array().into_iter().flatten().enumerate() {
+            c.json_eq(
+                &format!("{dir}: manifest index"),
+                &v["index"],
+                &Value::from(i),
+            );
+            let Some(j) = c.json(&format!("{dir}/{i}.json")) else {
+                continue;
+            };
+            let at = format!("{dir}/{i}.json");
+            c.eq(&format!("{at} index"), Some(i as u64), j["index"].as_u64());
+            c.json_eq(&format!("{at} type"), &v["kind"], &j["type"]);
+            match str_of(&v["kind"]) {
+                "Tensor" => check_tensor(c, &dir, i, v, &j),
+                _ => {
+                    for key in ["value", "items"] {
+                        if let Some(x) = v.get(key) {
+                            c.json_eq(&format!("{at} {key}"), x, &j[key]);
                         }
                     }
                 }
@@ -633,99 +632,83 @@ fn values_match_the_manifest() {
 
 #[test]
 fn plans_operators_and_instructions_match_the_manifest() {
-    for_each_fixture(|c| {
-        let plans = c.manifest["plans"].as_array().cloned().unwrap_or_default();
-        for (p, plan) in plans.iter().zip(plan_dirs(&c.manifest)) {
-            let dir = format!("plans/{plan}");
-            let ops: Vec<String> = p["operators"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|o| match str_of(&o["overload"]) {
-                    "" => str_of(&o["name"]).to_string(),
-                    ov => format!("{}.{ov}", str_of(&o["name"])),
-                })
+    for_each_plan(|c, p, plan| {
+        let dir = format!("plans/{plan}");
+        let ops: Vec<String> = p["operators"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|o| match str_of(&o["overload"]) {
+                "" => str_of(&o["name"]).to_string(),
+                ov => format!("{}.{ov}", str_of(&o["name"])),
+            })
+            .collect();
+        if let Some(text) = c.read(&format!("{dir}/operators.txt")) {
+            let text = String::from_utf8(text).unwrap();
+            let expected: Vec<String> = ops
+                .iter()
+                .enumerate()
+                .map(|(i, o)| format!("{i}\t{o}"))
                 .collect();
-            if let Some(text) = c.read(&format!("{dir}/operators.txt")) {
-                let text = String::from_utf8(text).unwrap();
-                let expected: Vec<String> = ops
-                    .iter()
-                    .enumerate()
-                    .map(|(i, o)| format!("{i}\t{o}"))
+            c.eq(
+                &format!("{dir}/operators.txt"),
+                expected,
+                text.lines().map(str::to_string).collect(),
+            );
+            if !text.is_empty() && !text.ends_with('\n') {
+                c.err(format!("{dir}/operators.txt: no final newline"));
+            }
+        }
+        let instrs = p["instructions"].as_array().cloned().unwrap_or_default();
+        if let Some(text) = c.read(&format!("{dir}/instructions.txt")) {
+            let text = String::from_utf8(text).unwrap();
+            let lines: Vec<&str> = text.lines().collect();
+            c.eq(
+                &format!("{dir}/instructions.txt lines"),
+                instrs.len(),
+                lines.len(),
+            );
+            let delegates = p["delegates"].as_array().cloned().unwrap_or_default();
+            for (k, (ins, line)) in instrs.iter().zip(&lines).enumerate() {
+                let at = format!("{dir}/instructions.txt line {k}");
+                let values: Vec<String> = line
+                    .split(|ch: char| !(ch == '%' || ch.is_ascii_digit()))
+                    .filter(|t| t.starts_with('%'))
+                    .map(str::to_string)
                     .collect();
-                c.eq(
-                    &format!("{dir}/operators.txt"),
-                    expected,
-                    text.lines().map(str::to_string).collect(),
-                );
-                if !text.is_empty() && !text.ends_with('\n') {
-                    c.err(format!("{dir}/operators.txt: no final newline"));
-                }
-            }
-            let instrs = p["instructions"].as_array().cloned().unwrap_or_default();
-            if let Some(text) = c.read(&format!("{dir}/instructions.txt")) {
-                let text = String::from_utf8(text).unwrap();
-                let lines: Vec<&str> = text.lines().collect();
-                c.eq(
-                    &format!("{dir}/instructions.txt lines"),
-                    instrs.len(),
-                    lines.len(),
-                );
-                let delegates = p["delegates"].as_array().cloned().unwrap_or_default();
-                for (k, (ins, line)) in instrs.iter().zip(&lines).enumerate() {
-                    let at = format!("{dir}/instructions.txt line {k}");
-                    let values: Vec<String> = line
-                        .split(|ch: char| !(ch == '%' || ch.is_ascii_digit()))
-                        .filter(|t| t.starts_with('%'))
-                        .map(str::to_string)
-                        .collect();
-                    let args: Vec<String> =
-                        u64s(&ins["args"]).iter().map(|a| format!("%{a}")).collect();
-                    let shows = match str_of(&ins["kind"]) {
-                        "KernelCall" => ins["op_index"]
-                            .as_u64()
-                            .and_then(|o| ops.get(o as usize).cloned()),
-                        "DelegateCall" => ins["delegate_index"]
-                            .as_u64()
-                            .and_then(|d| delegates.get(d as usize))
-                            .map(|d| str_of(&d["id"]).to_string()),
-                        _ => None,
-                    };
-                    if let Some(name) = shows {
-                        if !line.contains(&name) {
-                            c.err(format!("{at}: {line:?} does not name {name}"));
-                        }
-                        c.eq(&format!("{at} arguments"), args, values);
+                let args: Vec<String> =
+                    u64s(&ins["args"]).iter().map(|a| format!("%{a}")).collect();
+                let shows = match str_of(&ins["kind"]) {
+                    "KernelCall" => ins["op_index"]
+                        .as_u64()
+                        .and_then(|o| ops.get(o as usize).cloned()),
+                    "DelegateCall" => ins["delegate_index"]
+                        .as_u64()
+                        .and_then(|d| delegates.get(d as usize))
+                        .map(|d| str_of(&d["id"]).to_string()),
+                    _ => None,
+                };
+                if let Some(name) = shows {
+                    if !line.contains(&name) {
+                        c.err(format!("{at}: {line:?} does not name {name}"));
                     }
+                    c.eq(&format!("{at} arguments"), args, values);
                 }
             }
-            let Some(j) = c.json(&format!("{dir}/plan.json")) else {
-                continue;
-            };
-            for key in ["name", "inputs", "outputs", "non_const_buffer_sizes"] {
-                c.json_eq(&format!("{dir}/plan.json {key}"), &p[key], &j[key]);
-            }
-            let counts = &j["counts"];
-            let n = |v: &Value| Value::from(v.as_array().map_or(0, Vec::len));
+        }
+        let Some(j) = c.json(&format!("{dir}/plan.json")) else {
+            return;
+        };
+        for key in ["name", "inputs", "outputs", "non_const_buffer_sizes"] {
+            c.json_eq(&format!("{dir}/plan.json {key}"), &p[key], &j[key]);
+        }
+        let counts = &j["counts"];
+        let n = |v: &Value| Value::from(v.as_array().map_or(0, Vec::len));
+        for k in ["values", "operators", "instructions", "delegates"] {
             c.json_eq(
-                &format!("{dir}/plan.json counts.values"),
-                &n(&p["values"]),
-                &counts["values"],
-            );
-            c.json_eq(
-                &format!("{dir}/plan.json counts.operators"),
-                &n(&p["operators"]),
-                &counts["operators"],
-            );
-            c.json_eq(
-                &format!("{dir}/plan.json counts.instructions"),
-                &n(&p["instructions"]),
-                &counts["instructions"],
-            );
-            c.json_eq(
-                &format!("{dir}/plan.json counts.delegates"),
-                &n(&p["delegates"]),
-                &counts["delegates"],
+                &format!("{dir}/plan.json counts.{k}"),
+                &n(&p[k]),
+                &counts[k],
             );
         }
     });
@@ -733,53 +716,50 @@ fn plans_operators_and_instructions_match_the_manifest() {
 
 #[test]
 fn delegates_match_the_manifest() {
-    for_each_fixture(|c| {
-        let plans = c.manifest["plans"].as_array().cloned().unwrap_or_default();
+    for_each_plan(|c, p, plan| {
         let segments = c.manifest["segments"].clone();
-        for (p, plan) in plans.iter().zip(plan_dirs(&c.manifest)) {
-            for (k, d) in p["delegates"].as_array().into_iter().flatten().enumerate() {
-                let dir = format!("plans/{plan}/delegates/{k}");
-                c.check_bin(&format!("{dir}/processed.bin"), &d["nbytes"], &d["sha256"]);
-                let Some(j) = c.json(&format!("{dir}/delegate.json")) else {
-                    continue;
-                };
+        for (k, d) in p["delegates"].as_array().into_iter().flatten().enumerate() {
+            let dir = format!("plans/{plan}/delegates/{k}");
+            c.check_bin(&format!("{dir}/processed.bin"), &d["nbytes"], &d["sha256"]);
+            let Some(j) = c.json(&format!("{dir}/delegate.json")) else {
+                continue;
+            };
+            c.eq(
+                &format!("{dir}/delegate.json index"),
+                Some(k as u64),
+                j["index"].as_u64(),
+            );
+            c.json_eq(&format!("{dir}/delegate.json id"), &d["id"], &j["id"]);
+            c.json_eq(
+                &format!("{dir}/delegate.json processed.location"),
+                &d["location"],
+                &j["processed"]["location"],
+            );
+            c.json_eq(
+                &format!("{dir}/delegate.json processed.index"),
+                &d["index"],
+                &j["processed"]["index"],
+            );
+            c.json_eq(
+                &format!("{dir}/delegate.json nbytes"),
+                &d["nbytes"],
+                &j["nbytes"],
+            );
+            if let Some(specs) = d.get("compile_specs") {
+                let n = |v: &Value| v.as_array().map_or(0, Vec::len);
                 c.eq(
-                    &format!("{dir}/delegate.json index"),
-                    Some(k as u64),
-                    j["index"].as_u64(),
+                    &format!("{dir}/delegate.json compile_specs"),
+                    n(specs),
+                    n(&j["compile_specs"]),
                 );
-                c.json_eq(&format!("{dir}/delegate.json id"), &d["id"], &j["id"]);
+            }
+            if str_of(&d["location"]) == "SEGMENT" {
+                let seg = d["index"].as_u64().map(|s| &segments[s as usize]);
                 c.json_eq(
-                    &format!("{dir}/delegate.json processed.location"),
-                    &d["location"],
-                    &j["processed"]["location"],
+                    &format!("{dir}/delegate.json file_offset"),
+                    &seg.map_or(Value::Null, |s| s["file_offset"].clone()),
+                    &j["file_offset"],
                 );
-                c.json_eq(
-                    &format!("{dir}/delegate.json processed.index"),
-                    &d["index"],
-                    &j["processed"]["index"],
-                );
-                c.json_eq(
-                    &format!("{dir}/delegate.json nbytes"),
-                    &d["nbytes"],
-                    &j["nbytes"],
-                );
-                if let Some(specs) = d.get("compile_specs") {
-                    let n = |v: &Value| v.as_array().map_or(0, Vec::len);
-                    c.eq(
-                        &format!("{dir}/delegate.json compile_specs"),
-                        n(specs),
-                        n(&j["compile_specs"]),
-                    );
-                }
-                if str_of(&d["location"]) == "SEGMENT" {
-                    let seg = d["index"].as_u64().map(|s| &segments[s as usize]);
-                    c.json_eq(
-                        &format!("{dir}/delegate.json file_offset"),
-                        &seg.map_or(Value::Null, |s| s["file_offset"].clone()),
-                        &j["file_offset"],
-                    );
-                }
             }
         }
     });

@@ -1,6 +1,8 @@
 //! Older layouts still read: a 24-byte `eh00` (files before ExecuTorch 1.0), no `eh00` at
 //! all (a bare flatbuffer), and the deprecated inline `constant_buffer`.
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 
@@ -9,15 +11,6 @@ use ptefs::format::writer::{pack_program, pte_program_region};
 use ptefs::format::Model;
 use ptefs::format::{Kind, ModelFile};
 use ptefs::tree::Tree;
-
-fn fixture(name: &str) -> Vec<u8> {
-    std::fs::read(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures")
-            .join(name),
-    )
-    .unwrap()
-}
 
 fn tree_of(bytes: Vec<u8>) -> Tree {
     let file = ModelFile::from_bytes(Path::new("old.pte"), bytes).unwrap();
@@ -47,7 +40,7 @@ fn assert_same_tensors(old: &Tree, new: &Tree) {
 
 #[test]
 fn reads_a_24_byte_extended_header() {
-    let orig = fixture("linear.pte");
+    let orig = common::fixture_bytes("linear.pte");
     let mut old = orig.clone();
     old[12..16].copy_from_slice(&24u32.to_le_bytes());
     old[32..40].fill(0);
@@ -63,14 +56,9 @@ fn reads_a_24_byte_extended_header() {
 /// `constant_segment`, no segments, and so no `eh00`.
 #[test]
 fn reads_inline_constant_buffers_without_extended_header() {
-    let orig = fixture("linear.pte");
-    let file = ModelFile::from_bytes(Path::new("linear.pte"), orig.clone()).unwrap();
-    let Kind::Pte(pte) = &file.kind else { panic!() };
-    let root =
-        flatbuffers::root::<pte_fb::Program>(&orig[..pte.header.program_size() as usize]).unwrap();
-    let mut program = root.unpack();
+    let (orig, mut program, segments) = common::unpack_pte("linear.pte");
     let cs = program.constant_segment.take().unwrap();
-    let seg = pte.segments[cs.segment_index as usize];
+    let seg = segments[cs.segment_index as usize];
     let offsets = cs.offsets.unwrap();
     let mut buffers = Vec::new();
     for (k, &off) in offsets.iter().enumerate() {

@@ -1,13 +1,20 @@
-//! Helpers shared by the integration tests.
+//! Helpers shared by the integration tests: fixtures and their copies, reading the core's
+//! tree, the seeded generator, and real mounts.
 
 #![allow(dead_code)]
 
 pub mod mount;
 
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 
+use proptest::prelude::Rng as _;
+use proptest::test_runner::{RngAlgorithm, TestRng};
 use sha2::{Digest, Sha256};
 
+use ptefs::format::generated::pte_fb;
+use ptefs::format::range::ByteRange;
+use ptefs::format::{Kind, ModelFile};
 use ptefs::fs::{FileType, Fs};
 use ptefs::tree::Ino;
 
@@ -34,6 +41,22 @@ pub fn manifests() -> Vec<PathBuf> {
     out
 }
 
+/// The model files of the fixtures in `tests/fixtures` itself (not `extra`), sorted.
+pub fn top_fixtures() -> Vec<PathBuf> {
+    let top = fixtures_dir();
+    manifests()
+        .into_iter()
+        .filter(|m| m.parent() == Some(top.as_path()))
+        .map(|m| m.with_extension(""))
+        .collect()
+}
+
+/// The bytes of `tests/fixtures/<name>`.
+pub fn fixture_bytes(name: &str) -> Vec<u8> {
+    let path = fixtures_dir().join(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 pub fn load_json(path: &Path) -> serde_json::Value {
     let text = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_slice(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -52,6 +75,92 @@ pub fn fixture_files(manifest: &Path) -> (PathBuf, Vec<PathBuf>) {
         })
         .unwrap_or_default();
     (manifest.with_extension(""), data)
+}
+
+/// A fixture `.pte` with an extended header, parsed: its bytes, its program unpacked for
+/// editing, and where its segments are in the file.
+pub fn unpack_pte(name: &str) -> (Vec<u8>, pte_fb::ProgramT, Vec<ByteRange>) {
+    let bytes = fixture_bytes(name);
+    let file = ModelFile::from_bytes(Path::new(name), bytes.clone()).unwrap();
+    let Kind::Pte(pte) = &file.kind else {
+        panic!("{name} is not a .pte")
+    };
+    let end = pte.header.program_size() as usize;
+    let program = flatbuffers::root::<pte_fb::Program>(&bytes[..end])
+        .unwrap()
+        .unpack();
+    (bytes, program, pte.segments.clone())
+}
+
+/// A model file and its `.ptd` files copied into a fresh temp dir, for tests that change or
+/// mount them. `root` is the canonical path of `dir`, which the copies are in.
+pub struct Copied {
+    pub dir: tempfile::TempDir,
+    pub root: PathBuf,
+    pub model: PathBuf,
+    pub data: Vec<PathBuf>,
+}
+
+pub fn copy_files(model: &Path, data: &[PathBuf]) -> Copied {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let copy = |from: &Path| {
+        let to = root.join(from.file_name().unwrap());
+        std::fs::copy(from, &to).unwrap_or_else(|e| panic!("{}: {e}", from.display()));
+        to
+    };
+    Copied {
+        model: copy(model),
+        data: data.iter().map(|d| copy(d)).collect(),
+        dir,
+        root,
+    }
+}
+
+/// The fixture `tests/fixtures/<name>` with the data files its manifest names, copied.
+pub fn copy_fixture(name: &str) -> Copied {
+    let (model, data) = fixture_files(&fixtures_dir().join(format!("{name}.json")));
+    copy_files(&model, &data)
+}
+
+/// `len` bytes that vary with the position and with `seed`: new content for a file, unlike
+/// the fixtures' own bytes.
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(97).wrapping_add(seed) ^ (i >> 8) as u8)
+        .collect()
+}
+
+/// proptest's ChaCha generator seeded with `seed`: the same values on every machine and
+/// proptest version. It drives the seeded generator below and the runners of the named
+/// proptest cases, so every random value of the tests comes from proptest.
+pub fn seeded_rng(seed: u64) -> TestRng {
+    let mut bytes = [0u8; 32];
+    bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    TestRng::from_seed(RngAlgorithm::ChaCha, &bytes)
+}
+
+/// Random numbers for tests that are not properties (a fixed corpus, random delays): the
+/// same seed gives the same numbers on every run.
+pub struct Rng(TestRng);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seeded_rng(seed))
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0.next_u64()
+    }
+
+    /// A number below `n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next() % n
+        }
+    }
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
@@ -109,4 +218,62 @@ pub fn fuse_missing() -> bool {
         return true;
     }
     panic!("/dev/fuse is missing: these tests mount for real (set PTEFS_TESTS_WITHOUT_FUSE=1 to skip them)");
+}
+
+/// The `/proc/self/mountinfo` line of the mount at `path`, the last if several are stacked.
+pub fn mountinfo_line(path: &Path) -> Option<String> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let want = path.to_str().unwrap();
+    table
+        .lines()
+        .rfind(|l| {
+            l.split(' ')
+                .nth(4)
+                .is_some_and(|p| p.replace("\\040", " ") == want)
+        })
+        .map(str::to_string)
+}
+
+/// Whether `path` is a mount point now.
+pub fn is_mounted(path: &Path) -> bool {
+    mountinfo_line(path).is_some()
+}
+
+/// Whether `path` is a ptefs FUSE mount now.
+pub fn mounted_as_ptefs(path: &Path) -> bool {
+    mountinfo_line(path).is_some_and(|l| l.contains(" - fuse.ptefs "))
+}
+
+/// Unmounts `mnt` for a test that is done with it: `ptefs umount`, which waits for pending
+/// commits, else `force_unmount`. Errors are ignored: this runs in `Drop`s.
+pub fn unmount(mnt: &Path) {
+    let ok = Command::new(env!("CARGO_BIN_EXE_ptefs"))
+        .arg("umount")
+        .arg(mnt)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        force_unmount(mnt);
+    }
+}
+
+/// Detaches `mnt` lazily without asking its daemon (which may be dead): `fusermount3`,
+/// `fusermount`, else `umount -l`, whichever works first.
+pub fn force_unmount(mnt: &Path) {
+    for (tool, flags) in [
+        ("fusermount3", &["-u", "-z"][..]),
+        ("fusermount", &["-u", "-z"]),
+        ("umount", &["-l"]),
+    ] {
+        let ok = Command::new(tool)
+            .args(flags)
+            .arg(mnt)
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            return;
+        }
+    }
 }

@@ -1,9 +1,10 @@
 //! Real mounts through the `ptefs` binary, and the tools tests drive them with.
 
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
+
+use super::{copy_files, is_mounted, unmount, Copied};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_ptefs");
 
@@ -15,17 +16,6 @@ pub fn run(cmd: &mut Command) -> Output {
 
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// Whether `path` is a mount point now.
-pub fn is_mounted(path: &Path) -> bool {
-    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let want = path.as_os_str().as_bytes();
-    table.lines().any(|l| {
-        l.split(' ')
-            .nth(4)
-            .is_some_and(|p| p.replace("\\040", " ").as_bytes() == want)
-    })
 }
 
 /// A fixture copied into a temp dir and mounted there; unmounted when dropped.
@@ -42,18 +32,12 @@ impl Mount {
     /// Copies `file` and `data` into a new temporary directory and mounts the copy with
     /// `args`.
     pub fn new(file: &Path, data: &[PathBuf], args: &[&str]) -> Mount {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().canonicalize().unwrap();
-        let model = root.join(file.file_name().unwrap());
-        std::fs::copy(file, &model).unwrap();
-        let data: Vec<PathBuf> = data
-            .iter()
-            .map(|d| {
-                let to = root.join(d.file_name().unwrap());
-                std::fs::copy(d, &to).unwrap();
-                to
-            })
-            .collect();
+        let Copied {
+            dir,
+            root,
+            model,
+            data,
+        } = copy_files(file, data);
         let mnt = root.join("mnt");
         std::fs::create_dir(&mnt).unwrap();
         let mut m = Mount {
@@ -117,23 +101,8 @@ impl Mount {
 
 impl Drop for Mount {
     fn drop(&mut self) {
-        if !self.live {
-            return;
-        }
-        let ok = Command::new(BIN)
-            .arg("umount")
-            .arg(&self.mnt)
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            for (tool, flags) in [("fusermount3", "-uz"), ("umount", "-l")] {
-                let _ = Command::new(tool)
-                    .arg(flags)
-                    .arg(&self.mnt)
-                    .stderr(Stdio::null())
-                    .status();
-            }
+        if self.live {
+            unmount(&self.mnt);
         }
     }
 }
