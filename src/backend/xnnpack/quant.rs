@@ -299,18 +299,9 @@ impl QuantLayout {
         )))
     }
 
-    /// Elements from `e` that share one scale (and one 4-bit row), and that scale's index.
-    #[inline]
-    fn segment(&self, e: u64) -> (u64, u64) {
-        let (len, index) = match self.scheme {
-            Scheme::Float | Scheme::PerTensor { .. } => (u64::MAX, 0),
-            Scheme::PerChannel { channels, inner } => (inner - e % inner, (e / inner) % channels),
-            Scheme::Blockwise { cols, group } => {
-                let (row, col) = (e / cols, e % cols);
-                (group - col % group, row * (cols / group) + col / group)
-            }
-        };
-        (len.min(self.row_len - e % self.row_len), index)
+    /// The runs of elements `first..end` that share one scale and one 4-bit row.
+    fn runs(&self, first: u64, end: u64) -> Runs {
+        Runs::new(self, first, end)
     }
 
     /// Scale `index`, as the runtime reads it. `scales` was checked to be long enough.
@@ -339,8 +330,8 @@ impl QuantLayout {
     ) -> Result<(), QuantError> {
         self.check_len("data", data.len(), self.data_nbytes, false)?;
         self.check_len("scales", scales.len(), self.scale_nbytes(), false)?;
-        let end = first.checked_add(out.len() as u64);
-        if end.is_none_or(|end| end > self.numel) {
+        let last = first.checked_add(out.len() as u64);
+        if last.is_none_or(|last| last > self.numel) {
             return Err(QuantError::new(format!(
                 "{}: elements {first}..{} requested, the tensor has {}",
                 self.describe(),
@@ -348,19 +339,15 @@ impl QuantLayout {
                 self.numel
             )));
         }
-        let mut e = first;
-        let mut pos = 0usize;
-        while pos < out.len() {
-            let (len, index) = self.segment(e);
-            let n = (out.len() - pos).min(usize::try_from(len).unwrap_or(usize::MAX));
+        let end = first + out.len() as u64;
+        for run in self.runs(first, end) {
             let scale = if self.scale_count > 0 {
-                self.scale_at(scales, index as usize)
+                self.scale_at(scales, run.scale)
             } else {
                 1.0
             };
-            self.dequantize_run(data, e, scale, &mut out[pos..pos + n]);
-            e += n as u64;
-            pos += n;
+            let pos = (run.start - first) as usize;
+            self.dequantize_run(data, run.start, scale, &mut out[pos..pos + run.len]);
         }
         Ok(())
     }
@@ -438,9 +425,15 @@ impl QuantLayout {
     ) -> Result<(), QuantError> {
         self.check_requantize(input, data_out)?;
         self.check_len("scales_out", scales_out.len(), self.scale_nbytes(), true)?;
-        if self.scale_count > 0 {
-            self.write_fresh_scales(input, scales_out)?;
+        if self.scale_count == 0 {
+            self.check_finite(input)?;
+            return self.encode(input, data_out, scales_out);
         }
+        if self.scales_contiguous() {
+            return self.requantize_in_one_pass(input, data_out, scales_out);
+        }
+        self.check_finite(input)?;
+        self.write_fresh_scales(input, scales_out);
         self.encode(input, data_out, scales_out)
     }
 
@@ -454,6 +447,7 @@ impl QuantLayout {
     ) -> Result<(), QuantError> {
         self.check_requantize(input, data_out)?;
         self.check_len("scales", scales.len(), self.scale_nbytes(), false)?;
+        self.check_finite(input)?;
         self.encode(input, data_out, scales)
     }
 
@@ -466,28 +460,66 @@ impl QuantLayout {
                 self.numel
             )));
         }
-        self.check_len("data_out", data_out.len(), self.data_nbytes, true)?;
-        if max_abs_bits(input) >= f32::INFINITY.to_bits() {
-            let (i, v) = input
-                .iter()
-                .enumerate()
-                .find(|(_, v)| !v.is_finite())
-                .unwrap_or((0, &f32::NAN));
-            return Err(QuantError::new(format!(
-                "{}: element {i} is {v}; only finite values can be quantized",
-                self.describe()
-            )));
+        self.check_len("data_out", data_out.len(), self.data_nbytes, true)
+    }
+
+    fn check_finite(&self, input: &[f32]) -> Result<(), QuantError> {
+        if max_abs_bits(input) < f32::INFINITY.to_bits() {
+            return Ok(());
+        }
+        let (i, v) = input
+            .iter()
+            .enumerate()
+            .find(|(_, v)| !v.is_finite())
+            .unwrap_or((0, &f32::NAN));
+        Err(QuantError::new(format!(
+            "{}: element {i} is {v}; only finite values can be quantized",
+            self.describe()
+        )))
+    }
+
+    /// Whether each scale covers exactly one run of `segment`: groups, and channels of a
+    /// tensor whose channel dimension is outermost (a filter `[out, in]`).
+    fn scales_contiguous(&self) -> bool {
+        match self.scheme {
+            Scheme::Blockwise { .. } => true,
+            Scheme::PerChannel { channels, inner } => {
+                channels.checked_mul(inner) == Some(self.numel) && inner <= self.row_len
+            }
+            Scheme::Float | Scheme::PerTensor { .. } => false,
+        }
+    }
+
+    /// Fresh scales and stored values in one pass over `input`, each run read once while it
+    /// is in cache: for layouts whose scales each cover one contiguous run.
+    fn requantize_in_one_pass(
+        &self,
+        input: &[f32],
+        data_out: &mut [u8],
+        scales_out: &mut [u8],
+    ) -> Result<(), QuantError> {
+        self.fill_padding(data_out);
+        let divisor = self.fresh_scale_divisor();
+        for run in self.runs(0, self.numel) {
+            let values = &input[run.start as usize..run.start as usize + run.len];
+            let largest = max_abs_bits(values);
+            if largest >= f32::INFINITY.to_bits() {
+                return self.check_finite(input);
+            }
+            self.store_scale(scales_out, run.scale, fresh_scale(largest, divisor));
+            let stored = self.scale_at(scales_out, run.scale);
+            self.encode_run(values, run.start as usize, stored, data_out)?;
         }
         Ok(())
     }
 
-    /// Computes each scale from the largest magnitude it covers and stores it.
-    fn write_fresh_scales(&self, input: &[f32], scales_out: &mut [u8]) -> Result<(), QuantError> {
-        let count = self.scale_count as usize;
-        let divisor = match self.scheme {
+    /// What the largest magnitude under one scale is divided by to give that scale.
+    fn fresh_scale_divisor(&self) -> f32 {
+        match self.scheme {
             Scheme::PerTensor { zero_point } => {
                 let (lo, hi) = int_range(self.datatype);
                 let (up, down) = (hi - i64::from(zero_point), i64::from(zero_point) - lo);
+                // Symmetric about the zero point, unless it sits at one end of the range.
                 let room = if up > 0 && down > 0 {
                     up.min(down)
                 } else {
@@ -496,27 +528,28 @@ impl QuantLayout {
                 room.max(1) as f32
             }
             _ => symmetric_qmax(self.datatype),
-        };
+        }
+    }
+
+    /// Computes each scale from the largest magnitude it covers and stores it.
+    fn write_fresh_scales(&self, input: &[f32], scales_out: &mut [u8]) {
+        let divisor = self.fresh_scale_divisor();
         // Largest |w| per scale, as the bits of a non-negative float (which order as floats).
-        let mut largest = vec![0u32; count];
-        let mut e = 0u64;
-        while e < self.numel {
-            let (len, index) = self.segment(e);
-            let n = len.min(self.numel - e) as usize;
-            let run = &input[e as usize..e as usize + n];
-            largest[index as usize] = largest[index as usize].max(max_abs_bits(run));
-            e += n as u64;
+        let mut largest = vec![0u32; self.scale_count as usize];
+        for run in self.runs(0, self.numel) {
+            let values = &input[run.start as usize..run.start as usize + run.len];
+            largest[run.scale] = largest[run.scale].max(max_abs_bits(values));
         }
         for (index, &bits) in largest.iter().enumerate() {
-            let raw = f32::from_bits(bits) / divisor;
-            let scale = if bits == 0 {
-                1.0
-            } else {
-                raw.max(f32::MIN_POSITIVE)
-            };
-            self.store_scale(scales_out, index, scale);
+            self.store_scale(scales_out, index, fresh_scale(bits, divisor));
         }
-        Ok(())
+    }
+
+    /// Rows of odd length end with the padding nibble the exporter writes (8).
+    fn fill_padding(&self, data_out: &mut [u8]) {
+        if self.datatype.is_4bit() && self.row_len % 2 == 1 {
+            data_out.fill(0x88);
+        }
     }
 
     /// Stores `scale` rounded to the stored dtype, so that reading it back gives the value
@@ -537,22 +570,15 @@ impl QuantLayout {
 
     /// Writes every element of `input` quantized with the stored `scales`.
     fn encode(&self, input: &[f32], data_out: &mut [u8], scales: &[u8]) -> Result<(), QuantError> {
-        if self.datatype.is_4bit() {
-            // Rows of odd length end with the padding nibble the exporter writes (8).
-            data_out.fill(0x88);
-        }
-        let mut e = 0u64;
-        while e < self.numel {
-            let (len, index) = self.segment(e);
-            let n = len.min(self.numel - e) as usize;
-            let run = &input[e as usize..e as usize + n];
+        self.fill_padding(data_out);
+        for run in self.runs(0, self.numel) {
+            let values = &input[run.start as usize..run.start as usize + run.len];
             let scale = if self.scale_count > 0 {
-                self.scale_at(scales, index as usize)
+                self.scale_at(scales, run.scale)
             } else {
                 1.0
             };
-            self.encode_run(run, e as usize, scale, data_out)?;
-            e += n as u64;
+            self.encode_run(values, run.start as usize, scale, data_out)?;
         }
         Ok(())
     }
@@ -631,6 +657,116 @@ impl QuantLayout {
             }
         }
         Ok(())
+    }
+}
+
+/// `largest / divisor` as a scale XNNPACK accepts: positive and normal (1 for all zeros).
+fn fresh_scale(largest_bits: u32, divisor: f32) -> f32 {
+    if largest_bits == 0 {
+        return 1.0;
+    }
+    (f32::from_bits(largest_bits) / divisor).max(f32::MIN_POSITIVE)
+}
+
+/// Elements `start .. start + len`, which all use scale `scale` and lie in one 4-bit row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Run {
+    start: u64,
+    len: usize,
+    scale: usize,
+}
+
+/// Walks a range of elements run by run. Positions inside the current channel, group and
+/// row are carried from run to run, so only the start costs divisions: a `qbint4` group is
+/// 32 elements, and a division per group would cost as much as quantizing it.
+struct Runs {
+    e: u64,
+    end: u64,
+    /// Length of the span one scale covers (`inner`, the group, or everything).
+    span: u64,
+    in_span: u64,
+    /// Scale index and how it advances at the end of a span.
+    scale: u64,
+    scales_per_cycle: u64,
+    /// For blockwise layouts: scales per row, and the first scale of the current row.
+    row_len: u64,
+    in_row: u64,
+    row_scale_base: u64,
+    blockwise: bool,
+}
+
+impl Runs {
+    fn new(layout: &QuantLayout, first: u64, end: u64) -> Runs {
+        let row_len = layout.row_len;
+        let in_row = first % row_len;
+        let mut runs = Runs {
+            e: first,
+            end,
+            span: u64::MAX,
+            in_span: first,
+            scale: 0,
+            scales_per_cycle: 1,
+            row_len,
+            in_row,
+            row_scale_base: 0,
+            blockwise: false,
+        };
+        match layout.scheme {
+            Scheme::Float | Scheme::PerTensor { .. } => {}
+            Scheme::PerChannel { channels, inner } => {
+                runs.span = inner;
+                runs.in_span = first % inner;
+                runs.scale = (first / inner) % channels;
+                runs.scales_per_cycle = channels;
+            }
+            Scheme::Blockwise { cols, group } => {
+                // A 4-bit row is a row of the filter: groups never cross it.
+                runs.blockwise = true;
+                runs.span = group;
+                runs.in_span = in_row % group;
+                runs.row_scale_base = (first / cols) * (cols / group);
+                runs.scale = in_row / group;
+                runs.scales_per_cycle = cols / group;
+            }
+        }
+        runs
+    }
+}
+
+impl Iterator for Runs {
+    type Item = Run;
+
+    #[inline]
+    fn next(&mut self) -> Option<Run> {
+        if self.e >= self.end {
+            return None;
+        }
+        let len = (self.span - self.in_span)
+            .min(self.row_len - self.in_row)
+            .min(self.end - self.e);
+        let run = Run {
+            start: self.e,
+            len: len as usize,
+            scale: (self.row_scale_base + self.scale) as usize,
+        };
+        self.e += len;
+        self.in_span += len;
+        if self.in_span == self.span {
+            self.in_span = 0;
+            self.scale += 1;
+            if self.scale == self.scales_per_cycle {
+                self.scale = 0;
+            }
+        }
+        self.in_row += len;
+        if self.in_row == self.row_len {
+            self.in_row = 0;
+            if self.blockwise {
+                self.row_scale_base += self.scales_per_cycle;
+                self.scale = 0;
+            }
+        }
+        Some(run)
     }
 }
 
@@ -725,11 +861,124 @@ fn encode_nibbles(run: &[f32], inverse: f32, col: usize, row: &mut [u8]) {
         }
     }
     let pairs = run.len() / 2;
-    for (o, x) in row[byte..byte + pairs].iter_mut().zip(run.chunks_exact(2)) {
+    let out = &mut row[byte..byte + pairs];
+    // Blocks of 16 elements: quantize into lanes first, then pair them, so both loops
+    // vectorize (one strided loop doing both does not).
+    const BLOCK: usize = 16;
+    let blocks = run.len() / BLOCK;
+    for (o, x) in out.chunks_exact_mut(BLOCK / 2).zip(run.chunks_exact(BLOCK)) {
+        let mut q = [0u8; BLOCK];
+        for (q, &x) in q.iter_mut().zip(x) {
+            *q = nibble(x, inverse);
+        }
+        for (o, q) in o.iter_mut().zip(q.chunks_exact(2)) {
+            *o = q[0] | (q[1] << 4);
+        }
+    }
+    let done = blocks * BLOCK / 2;
+    for (o, x) in out[done..].iter_mut().zip(run[2 * done..].chunks_exact(2)) {
         *o = nibble(x[0], inverse) | (nibble(x[1], inverse) << 4);
     }
     if let Some(&last) = run.get(2 * pairs) {
         let b = &mut row[byte + pairs];
         *b = (*b & 0xf0) | nibble(last, inverse);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::xnnpack::graph::{ConstantRef, ScaleRef};
+
+    fn layout(datatype: Datatype, dims: &[u32], quant: Option<QuantParams>) -> QuantLayout {
+        let value = XnnValue {
+            id: 0,
+            index: 0,
+            quantized: quant.is_some(),
+            datatype,
+            num_dims: dims.len() as u32,
+            dims: dims.to_vec(),
+            constant_buffer_idx: 1,
+            external_id: u32::MAX,
+            flags: 0,
+            dq_datatype: Datatype::INVALID,
+            quant,
+            constant: None,
+            used_by: Vec::new(),
+        };
+        QuantLayout::for_value(&value).unwrap()
+    }
+
+    fn scales(dtype: ScaleDtype, count: u64) -> Option<ScaleRef> {
+        Some(ScaleRef {
+            bytes: ConstantRef::Payload {
+                offset: 0,
+                size: count * dtype.size(),
+            },
+            dtype,
+            count,
+            inline: false,
+        })
+    }
+
+    /// The scale of element `e` and where its 4-bit row ends, by division.
+    fn reference(l: &QuantLayout, e: u64) -> (usize, u64) {
+        let scale = match l.scheme {
+            Scheme::Float | Scheme::PerTensor { .. } => 0,
+            Scheme::PerChannel { channels, inner } => (e / inner) % channels,
+            Scheme::Blockwise { cols, group } => (e / cols) * (cols / group) + (e % cols) / group,
+        };
+        (scale as usize, e / l.row_len)
+    }
+
+    #[test]
+    fn runs_cover_every_element_with_its_scale() {
+        let per_channel = |cd: i32, n: u64| {
+            Some(QuantParams::PerChannel {
+                scale: None,
+                channel_dim: cd,
+                scale_buffer_idx: 1,
+                num_scales: n as u32,
+                scales: scales(ScaleDtype::F32, n),
+            })
+        };
+        let layouts = [
+            layout(Datatype::QCINT4, &[3, 5], per_channel(0, 3)),
+            layout(Datatype::QCINT4, &[3, 5], per_channel(1, 5)),
+            layout(Datatype::QCINT4, &[2, 3, 4], per_channel(0, 2)),
+            layout(Datatype::QCINT8, &[2, 3, 4], per_channel(1, 3)),
+            layout(Datatype::QCINT32, &[7], per_channel(0, 7)),
+            layout(
+                Datatype::QBINT4,
+                &[3, 96],
+                Some(QuantParams::PerChannelGroup {
+                    scale: None,
+                    channel_dim: 0,
+                    group_size: 32,
+                    scale_buffer_idx: 1,
+                    num_scales: 9,
+                    scales: scales(ScaleDtype::Bf16, 9),
+                }),
+            ),
+            layout(Datatype::FP16, &[4, 4], None),
+        ];
+        for l in &layouts {
+            for first in 0..l.numel {
+                for end in first..=l.numel {
+                    let mut e = first;
+                    for run in l.runs(first, end) {
+                        assert_eq!(run.start, e, "{l:?}");
+                        assert!(run.len > 0);
+                        let (scale, row) = reference(l, e);
+                        for k in e..e + run.len as u64 {
+                            assert_eq!(reference(l, k), (scale, row), "{l:?} element {k}");
+                        }
+                        assert_eq!(run.scale, scale, "{l:?} from {first}");
+                        e += run.len as u64;
+                    }
+                    assert_eq!(e, end);
+                }
+            }
+        }
     }
 }
