@@ -1297,6 +1297,43 @@ fn fresh_scales_are_positive_normal_and_inputs_finite() {
     assert_eq!(back[64], 7.0);
     assert_eq!(back[0], 0.0);
 
+    // Scales rounded up near f32::MAX must not dequantize the largest values to infinity.
+    let huge = [f32::MAX, -f32::MAX, f32::MAX / 3.0, 1.0];
+    let big = [
+        value(Datatype::QCINT8, &[1, 4], per_channel(0, 1)),
+        value(Datatype::QCINT4, &[1, 4], per_channel(0, 1)),
+        value(
+            Datatype::QBINT4,
+            &[1, 32],
+            blockwise(32, 1, ScaleDtype::Bf16),
+        ),
+        value(
+            Datatype::QBINT4,
+            &[1, 32],
+            blockwise(32, 1, ScaleDtype::F32RoundedToBf16),
+        ),
+    ];
+    for v in big {
+        let l = QuantLayout::for_value(&v).unwrap();
+        let input: Vec<f32> = huge
+            .iter()
+            .copied()
+            .cycle()
+            .take(l.numel() as usize)
+            .collect();
+        let mut data = vec![0u8; l.data_nbytes() as usize];
+        let mut scales = vec![0u8; l.scale_nbytes() as usize];
+        l.requantize(&input, &mut data, &mut scales).unwrap();
+        let mut back = vec![0f32; input.len()];
+        l.dequantize(&data, &scales, 0, &mut back).unwrap();
+        for (a, b) in input.iter().zip(&back) {
+            assert!(
+                b.is_finite() && (a - b).abs() <= f32::MAX / 7.0 * 0.51,
+                "{v:?}: {a} -> {b}"
+            );
+        }
+    }
+
     for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
         let mut input = vec![0.5f32; 128];
         input[77] = bad;
@@ -1349,6 +1386,19 @@ fn combinations_the_runtime_refuses_are_named() {
         (
             value(Datatype::QCINT8, &[3, 8], per_channel(2, 3)),
             "channel_dim 2",
+        ),
+        // Billions of scales for no element: refused before anyone allocates them.
+        (
+            value(Datatype::QCINT4, &[0, 1 << 31], per_channel(1, 64)),
+            "no elements",
+        ),
+        (
+            value(
+                Datatype::QBINT4,
+                &[1 << 31, 0],
+                blockwise(32, 0, ScaleDtype::Bf16),
+            ),
+            "no elements",
         ),
         (
             value(Datatype::QINT32, &[3], per_tensor(0.5, 1)),

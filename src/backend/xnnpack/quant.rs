@@ -182,6 +182,11 @@ impl QuantLayout {
                 }),
             ) => {
                 let cd = channel_dim(*cd)?;
+                if numel == 0 {
+                    // Nothing to dequantize, and a zero dimension beside a huge channel
+                    // count would have callers allocate scales for no element.
+                    return refuse("no elements to match scales to".into());
+                }
                 let channels = u64::from(value.dims[cd]);
                 let inner = element_count(&value.dims[cd + 1..]).unwrap_or(u64::MAX);
                 let Some(scales) = scales else {
@@ -213,6 +218,9 @@ impl QuantLayout {
                     ));
                 }
                 let (rows, cols) = (u64::from(value.dims[0]), u64::from(value.dims[1]));
+                if numel == 0 {
+                    return refuse("no elements to match scales to".into());
+                }
                 let group = u64::try_from(*group_size).unwrap_or(0);
                 if group == 0 || cols % group != 0 {
                     return refuse(format!(
@@ -506,7 +514,7 @@ impl QuantLayout {
             if largest >= f32::INFINITY.to_bits() {
                 return self.check_finite(input);
             }
-            self.store_scale(scales_out, run.scale, fresh_scale(largest, divisor));
+            self.store_fresh_scale(scales_out, run.scale, largest, divisor);
             let stored = self.scale_at(scales_out, run.scale);
             self.encode_run(values, run.start as usize, stored, data_out)?;
         }
@@ -541,7 +549,7 @@ impl QuantLayout {
             largest[run.scale] = largest[run.scale].max(max_abs_bits(values));
         }
         for (index, &bits) in largest.iter().enumerate() {
-            self.store_scale(scales_out, index, fresh_scale(bits, divisor));
+            self.store_fresh_scale(scales_out, index, bits, divisor);
         }
     }
 
@@ -549,6 +557,28 @@ impl QuantLayout {
     fn fill_padding(&self, data_out: &mut [u8]) {
         if self.datatype.is_4bit() && self.row_len % 2 == 1 {
             data_out.fill(0x88);
+        }
+    }
+
+    /// Stores the scale for a largest magnitude of `largest_bits`. Rounding it to the stored
+    /// dtype may round up; near `f32::MAX` the largest quantized value times that scale would
+    /// then dequantize to infinity, so such a scale is stored one step lower instead (the
+    /// largest values then clamp, losing far less than half a step).
+    fn store_fresh_scale(&self, out: &mut [u8], index: usize, largest_bits: u32, divisor: f32) {
+        self.store_scale(out, index, fresh_scale(largest_bits, divisor));
+        let stored = self.scale_at(out, index);
+        if (stored * divisor).is_finite() {
+            return;
+        }
+        match self.scale_dtype {
+            ScaleDtype::F32 => {
+                let lower = f32::from_bits(stored.to_bits() - 1);
+                out[4 * index..4 * index + 4].copy_from_slice(&lower.to_le_bytes());
+            }
+            ScaleDtype::Bf16 | ScaleDtype::F32RoundedToBf16 => {
+                let lower = bf16_to_f32(f32_to_bf16(stored) - 1);
+                self.store_scale(out, index, lower);
+            }
         }
     }
 
