@@ -363,8 +363,7 @@ fn tree_lists_name_the_constants_the_decoder_finds() {
                 if v.constant.is_some() {
                     expected.push(format!("{}.bin", v.id));
                     expected.push(format!("{}.npy", v.id));
-                    let real = QuantLayout::for_value(v).is_ok();
-                    if real && v.datatype != Datatype::FP32 {
+                    if QuantLayout::for_f32_view(v).is_some() {
                         expected.push(format!("{}.f32.npy", v.id));
                     }
                 }
@@ -482,6 +481,13 @@ fn renderings_are_deterministic_json_with_schema_names() {
                     nbytes: b.len() as u64,
                 })
             };
+            // Every named key the graph reads is a blob of the files, read as it should be.
+            for u in g.named_uses() {
+                assert!(blobs.contains_key(u.key), "{}: {}", path.display(), u.key);
+                let scale_key = u.key.starts_with("scale_");
+                assert_eq!(scale_key, u.role.as_str() == "scale", "{}", u.key);
+                assert!(g.value(u.value).is_some());
+            }
             for v in &g.values {
                 let j = value_json(v, &resolve);
                 assert_eq!(j["id"], v.id);

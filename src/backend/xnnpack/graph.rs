@@ -303,6 +303,64 @@ impl XnnGraph {
     pub fn constants(&self) -> impl Iterator<Item = &XnnValue> {
         self.values.iter().filter(|v| v.constant.is_some())
     }
+
+    /// Every named-data key the graph reads, with the value reading it and whether as its
+    /// constant or its scales, in `xvalues` order: what `named_data/<key>.json` lists as
+    /// `used_by`, and how a write finds a scale blob shared with another value.
+    pub fn named_uses(&self) -> Vec<NamedUse<'_>> {
+        let mut uses = Vec::new();
+        for v in &self.values {
+            if let Some(ConstantRef::Named { key, .. }) = &v.constant {
+                uses.push(NamedUse {
+                    key,
+                    value: v.id,
+                    role: KeyRole::Constant,
+                });
+            }
+            let scales = match &v.quant {
+                Some(QuantParams::PerChannel { scales, .. })
+                | Some(QuantParams::PerChannelGroup { scales, .. }) => scales.as_ref(),
+                _ => None,
+            };
+            if let Some(ScaleRef {
+                bytes: ConstantRef::Named { key, .. },
+                ..
+            }) = scales
+            {
+                uses.push(NamedUse {
+                    key,
+                    value: v.id,
+                    role: KeyRole::Scale,
+                });
+            }
+        }
+        uses
+    }
+}
+
+/// How a value reads a named-data key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyRole {
+    Constant,
+    Scale,
+}
+
+impl KeyRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyRole::Constant => "constant",
+            KeyRole::Scale => "scale",
+        }
+    }
+}
+
+/// One read of a named-data key by a value of the graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NamedUse<'a> {
+    pub key: &'a str,
+    /// The value's id (`id_out`).
+    pub value: u32,
+    pub role: KeyRole,
 }
 
 /// Offset of `part` (a sub-slice of `payload`) from the payload's first byte.

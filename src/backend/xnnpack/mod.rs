@@ -27,8 +27,8 @@ pub mod render;
 
 pub use datatype::Datatype;
 pub use graph::{
-    decode, ConstantDataEntry, ConstantRef, External, Identifier, OutputMinMax, QuantParams,
-    ScaleDtype, ScaleRef, Use, XnnGraph, XnnNode, XnnValue,
+    decode, ConstantDataEntry, ConstantRef, External, Identifier, KeyRole, NamedUse, OutputMinMax,
+    QuantParams, ScaleDtype, ScaleRef, Use, XnnGraph, XnnNode, XnnValue,
 };
 pub use header::XnnHeader;
 pub use nodes::{FieldValue, NodeField, NO_VALUE};

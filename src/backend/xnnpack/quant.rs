@@ -260,6 +260,15 @@ impl QuantLayout {
         Ok(layout)
     }
 
+    /// The layout of a constant that gets a dequantized float32 view (`values/<id>.f32.npy`,
+    /// DESIGN.md §2.7): quantized, fp16 and bf16 constants the runtime can dequantize.
+    pub fn for_f32_view(value: &XnnValue) -> Option<QuantLayout> {
+        if value.constant.is_none() || value.datatype == Datatype::FP32 {
+            return None;
+        }
+        QuantLayout::for_value(value).ok()
+    }
+
     /// Elements of the tensor (the `.f32.npy` holds this many float32).
     pub fn numel(&self) -> u64 {
         self.numel
