@@ -2,6 +2,8 @@
 
 pub mod flat_tensor;
 pub mod program;
+pub mod xnnpack;
 
 pub use flat_tensor::flat_tensor_flatbuffer as ptd_fb;
 pub use program::executorch_flatbuffer as pte_fb;
+pub use xnnpack::fb_xnnpack as xnn_fb;
