@@ -21,7 +21,7 @@ use ptefs::backend::xnnpack::{
 };
 use ptefs::backend::{decode_payload, BackendView, NotDecoded};
 use ptefs::format::generated::xnn_fb;
-use ptefs::format::layout::{resolve_ptd, resolve_pte};
+use ptefs::format::layout::{locate_ptd, locate_pte};
 use ptefs::format::{Kind, ModelFile};
 
 const XNNPACK_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/xnnpack");
@@ -50,7 +50,7 @@ fn delegates(path: &Path) -> Vec<Delegate> {
     let Kind::Pte(pte) = &model.kind else {
         panic!("{} is not a .pte", path.display())
     };
-    let layout = resolve_pte(pte, &[]);
+    let layout = locate_pte(pte, &[]);
     let mut out = Vec::new();
     for (p, plan) in pte.program.execution_plan.iter().flatten().enumerate() {
         for (j, d) in plan.delegates.iter().flatten().enumerate() {
@@ -80,7 +80,7 @@ fn named_blobs(pte_path: &Path) -> HashMap<String, Vec<u8>> {
     let Kind::Pte(pte) = &model.kind else {
         panic!()
     };
-    let layout = resolve_pte(pte, &[]);
+    let layout = locate_pte(pte, &[]);
     for (nd, loc) in pte
         .program
         .named_data
@@ -99,7 +99,7 @@ fn named_blobs(pte_path: &Path) -> HashMap<String, Vec<u8>> {
         let path = pte_path.with_file_name(name.as_str().unwrap());
         let data = ModelFile::open(&path).unwrap();
         let Kind::Ptd(ptd) = &data.kind else { panic!() };
-        for blob in resolve_ptd(ptd, 1) {
+        for blob in locate_ptd(ptd, 1) {
             let loc = blob.location.unwrap();
             blobs.insert(blob.key, data.bytes()[loc.range.as_usize()].to_vec());
         }
@@ -122,9 +122,7 @@ fn u64_of(v: &Value) -> u64 {
 }
 
 fn bytes_of<'a>(
-    payload: &'a [u8],
-    blobs: &'a HashMap<String, Vec<u8>>,
-    r: &ConstantRef,
+    payload: &'a [u8], blobs: &'a HashMap<String, Vec<u8>>, r: &ConstantRef,
 ) -> &'a [u8] {
     match r {
         ConstantRef::Named { key, .. } => &blobs[key],
@@ -684,10 +682,7 @@ fn tensor(id: u32, datatype: xnn_fb::XNNDatatype, dims: &[u32], constant: u32) -
 }
 
 fn tensor_t(
-    id: u32,
-    datatype: xnn_fb::XNNDatatype,
-    dims: &[u32],
-    constant: u32,
+    id: u32, datatype: xnn_fb::XNNDatatype, dims: &[u32], constant: u32,
 ) -> xnn_fb::XNNTensorValueT {
     let mut t = xnn_fb::XNNTensorValueT::default();
     t.datatype = datatype;
@@ -957,7 +952,7 @@ fn absurd_counts_and_shared_tables_are_refused() {
     let path = Path::new(XNNPACK_DIR).join("linear_xnnpack.pte");
     let d = &xnnpack_delegates(&path)[0];
     let g = decode(&d.payload).unwrap();
-    let fb = g.flatbuffer.start as usize;
+    let fb = g.flatbuffer.start() as usize;
     let graph = flatbuffers::root::<xnn_fb::XNNGraph>(&d.payload[fb..]).unwrap();
     let xvalues = graph.xvalues().unwrap();
     let count_at = xvalues.bytes().as_ptr() as usize - d.payload.as_ptr() as usize - 4;

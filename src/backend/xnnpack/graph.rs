@@ -377,10 +377,7 @@ struct Constants<'a> {
 
 impl Constants<'_> {
     fn resolve(
-        &self,
-        idx: u32,
-        field: &str,
-        place: &dyn fmt::Display,
+        &self, idx: u32, field: &str, place: &dyn fmt::Display,
     ) -> Result<ConstantRef, FormatError> {
         let i = idx as usize;
         match self.header {
@@ -405,10 +402,16 @@ impl Constants<'_> {
                     "{field} {idx} at {place}: constant_data[{idx}] (offset {}, size {}) in the constant region",
                     entry.offset, entry.size
                 );
-                let r = checked_range(&what, region.start, entry.offset, entry.size, region.end())?;
+                let r = checked_range(
+                    &what,
+                    region.start(),
+                    entry.offset,
+                    entry.size,
+                    region.end(),
+                )?;
                 Ok(ConstantRef::Payload {
-                    offset: r.start,
-                    size: r.len,
+                    offset: r.start(),
+                    size: r.len(),
                 })
             }
             None => {
@@ -440,8 +443,8 @@ impl Constants<'_> {
                     )
                 })?;
                 Ok(ConstantRef::Payload {
-                    offset: r.start,
-                    size: r.len,
+                    offset: r.start(),
+                    size: r.len(),
                 })
             }
         }
@@ -457,9 +460,7 @@ impl fmt::Display for ValuePlace {
 }
 
 fn inline_scales(
-    payload: &[u8],
-    scale: Option<flatbuffers::Vector<'_, f32>>,
-    dtype: ScaleDtype,
+    payload: &[u8], scale: Option<flatbuffers::Vector<'_, f32>>, dtype: ScaleDtype,
 ) -> (Option<Vec<f32>>, Option<ScaleRef>) {
     match scale {
         None => (None, None),
@@ -480,10 +481,7 @@ fn inline_scales(
 }
 
 fn decode_quant(
-    payload: &[u8],
-    q: &xnn_fb::XNNQuantizedTensorValue,
-    constants: &Constants,
-    place: &ValuePlace,
+    payload: &[u8], q: &xnn_fb::XNNQuantizedTensorValue, constants: &Constants, place: &ValuePlace,
 ) -> Result<QuantParams, FormatError> {
     use xnn_fb::XNNQuantParams as Q;
     let missing = || {
@@ -568,10 +566,7 @@ fn decode_quant(
 }
 
 fn decode_value(
-    payload: &[u8],
-    index: usize,
-    v: xnn_fb::XValue,
-    constants: &Constants,
+    payload: &[u8], index: usize, v: xnn_fb::XValue, constants: &Constants,
 ) -> Result<XnnValue, FormatError> {
     use xnn_fb::XValueUnion as V;
     let place = ValuePlace(index);
@@ -632,17 +627,14 @@ fn decode_value(
 pub fn decode(payload: &[u8]) -> Result<XnnGraph, FormatError> {
     let header = parse_header(payload)?;
     let flatbuffer = header.map_or(
-        ByteRange {
-            start: 0,
-            len: payload.len() as u64,
-        },
+        ByteRange::new(0, payload.len() as u64).expect("a slice's length"),
         |h| h.flatbuffer_range(),
     );
     let flat = &payload[flatbuffer.as_usize()];
     if flat.len() < 8 {
         return Err(FormatError::mismatch(
             "XNNGraph flatbuffer size",
-            format!("payload bytes {}..{}", flatbuffer.start, flatbuffer.end()),
+            format!("payload bytes {}..{}", flatbuffer.start(), flatbuffer.end()),
             "at least 8 bytes (a root offset and an identifier)",
             format!("{} bytes", flat.len()),
         ));
@@ -653,7 +645,7 @@ pub fn decode(payload: &[u8]) -> Result<XnnGraph, FormatError> {
         other => {
             return Err(FormatError::mismatch(
                 "XNNGraph identifier",
-                format!("payload byte {}", flatbuffer.start + 4),
+                format!("payload byte {}", flatbuffer.start() + 4),
                 "XN00 or XN01",
                 format!("{:?}", String::from_utf8_lossy(other)),
             ))
@@ -675,9 +667,9 @@ pub fn decode(payload: &[u8]) -> Result<XnnGraph, FormatError> {
     let constant_buffer: Option<Vec<Option<ByteRange>>> = root.constant_buffer().map(|v| {
         v.iter()
             .map(|b| {
-                b.storage().map(|s| ByteRange {
-                    start: offset_in(payload, s.bytes()),
-                    len: s.len() as u64,
+                b.storage().map(|s| {
+                    ByteRange::new(offset_in(payload, s.bytes()), s.len() as u64)
+                        .expect("a slice of the payload ends inside it")
                 })
             })
             .collect()

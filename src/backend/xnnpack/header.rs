@@ -25,18 +25,21 @@ pub struct XnnHeader {
 impl XnnHeader {
     /// Where the `XNNGraph` flatbuffer is, relative to the payload start.
     pub fn flatbuffer_range(&self) -> ByteRange {
-        ByteRange {
-            start: u64::from(self.flatbuffer_offset),
-            len: u64::from(self.flatbuffer_size),
-        }
+        ByteRange::new(
+            u64::from(self.flatbuffer_offset),
+            u64::from(self.flatbuffer_size),
+        )
+        .expect("two u32 values cannot overflow a u64")
     }
 
     /// Where the constant-data region is, relative to the payload start.
     pub fn constant_range(&self) -> ByteRange {
-        ByteRange {
-            start: u64::from(self.constant_data_offset),
-            len: self.constant_data_size,
-        }
+        // `parse_header` checked that the range ends inside the payload.
+        ByteRange::new(
+            u64::from(self.constant_data_offset),
+            self.constant_data_size,
+        )
+        .unwrap_or_default()
     }
 }
 
@@ -94,32 +97,32 @@ pub fn parse_header(payload: &[u8]) -> Result<Option<XnnHeader>, FormatError> {
         ));
     }
     let fb = header.flatbuffer_range();
-    let what = format!("XH00 flatbuffer (offset {}, size {})", fb.start, fb.len);
-    let fb = checked_range(&what, 0, fb.start, fb.len, len)?;
-    if fb.start < u64::from(header.header_length) {
+    let what = format!("XH00 flatbuffer (offset {}, size {})", fb.start(), fb.len());
+    let fb = checked_range(&what, 0, fb.start(), fb.len(), len)?;
+    if fb.start() < u64::from(header.header_length) {
         return Err(FormatError::mismatch(
             "XH00 flatbuffer offset",
             "payload byte 10",
             format!("at least {} (the header length)", header.header_length),
-            fb.start,
+            fb.start(),
         ));
     }
-    let cd = header.constant_range();
-    let what = format!("XH00 constant data (offset {}, size {})", cd.start, cd.len);
-    let cd = checked_range(&what, 0, cd.start, cd.len, len)?;
-    let overlaps = |a: ByteRange, b: ByteRange| a.start < b.end() && b.start < a.end();
-    let header_bytes = ByteRange {
-        start: 0,
-        len: u64::from(header.header_length),
-    };
-    if cd.len > 0 && (overlaps(cd, fb) || overlaps(cd, header_bytes)) {
+    let (cd_offset, cd_size) = (
+        u64::from(header.constant_data_offset),
+        header.constant_data_size,
+    );
+    let what = format!("XH00 constant data (offset {cd_offset}, size {cd_size})");
+    let cd = checked_range(&what, 0, cd_offset, cd_size, len)?;
+    let overlaps = |a: ByteRange, b: ByteRange| a.start() < b.end() && b.start() < a.end();
+    let header_bytes = ByteRange::new(0, u64::from(header.header_length)).expect("a u16 length");
+    if !cd.is_empty() && (overlaps(cd, fb) || overlaps(cd, header_bytes)) {
         return Err(FormatError::mismatch(
             "XH00 constant data",
-            format!("payload bytes {}..{}", cd.start, cd.end()),
+            format!("payload bytes {}..{}", cd.start(), cd.end()),
             format!(
                 "a region apart from the header (0..{}) and the flatbuffer ({}..{})",
                 header_bytes.end(),
-                fb.start,
+                fb.start(),
                 fb.end()
             ),
             "an overlap",
@@ -146,8 +149,8 @@ mod tests {
     #[test]
     fn reads_and_bounds_the_regions() {
         let h = parse_header(&header(32, 64, 96, 32, 128)).unwrap().unwrap();
-        assert_eq!(h.flatbuffer_range(), ByteRange { start: 32, len: 64 });
-        assert_eq!(h.constant_range(), ByteRange { start: 96, len: 32 });
+        assert_eq!(h.flatbuffer_range(), ByteRange::new(32, 64).unwrap());
+        assert_eq!(h.constant_range(), ByteRange::new(96, 32).unwrap());
         // Empty constant data may sit at the very end.
         assert!(parse_header(&header(32, 64, 96, 0, 96)).unwrap().is_some());
         assert!(parse_header(&[0, 0, 0, 0, b'X', b'N', b'0', b'1'])

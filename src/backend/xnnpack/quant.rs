@@ -295,11 +295,7 @@ impl QuantLayout {
     }
 
     fn check_len(
-        &self,
-        what: &str,
-        found: usize,
-        expected: u64,
-        exact: bool,
+        &self, what: &str, found: usize, expected: u64, exact: bool,
     ) -> Result<(), QuantError> {
         let ok = if exact {
             found as u64 == expected
@@ -339,11 +335,7 @@ impl QuantLayout {
     /// the bytes of the scale blob, inline scale vector or per-tensor scale field (empty for
     /// float types).
     pub fn dequantize(
-        &self,
-        data: &[u8],
-        scales: &[u8],
-        first: u64,
-        out: &mut [f32],
+        &self, data: &[u8], scales: &[u8], first: u64, out: &mut [f32],
     ) -> Result<(), QuantError> {
         self.check_len("data", data.len(), self.data_nbytes, false)?;
         self.check_len("scales", scales.len(), self.scale_nbytes(), false)?;
@@ -435,10 +427,7 @@ impl QuantLayout {
     /// input's scale times the filter's: give them [`Self::requantize_with_scales`] unless
     /// those scales change together.
     pub fn requantize(
-        &self,
-        input: &[f32],
-        data_out: &mut [u8],
-        scales_out: &mut [u8],
+        &self, input: &[f32], data_out: &mut [u8], scales_out: &mut [u8],
     ) -> Result<(), QuantError> {
         self.check_requantize(input, data_out)?;
         self.check_len("scales_out", scales_out.len(), self.scale_nbytes(), true)?;
@@ -457,10 +446,7 @@ impl QuantLayout {
     /// Re-quantizes `input` with the scales already stored (`scales`, as for
     /// [`Self::dequantize`]), clamping what they cannot represent.
     pub fn requantize_with_scales(
-        &self,
-        input: &[f32],
-        data_out: &mut [u8],
-        scales: &[u8],
+        &self, input: &[f32], data_out: &mut [u8], scales: &[u8],
     ) -> Result<(), QuantError> {
         self.check_requantize(input, data_out)?;
         self.check_len("scales", scales.len(), self.scale_nbytes(), false)?;
@@ -510,10 +496,7 @@ impl QuantLayout {
     /// Fresh scales and stored values in one pass over `input`, each run read once while it
     /// is in cache: for layouts whose scales each cover one contiguous run.
     fn requantize_in_one_pass(
-        &self,
-        input: &[f32],
-        data_out: &mut [u8],
-        scales_out: &mut [u8],
+        &self, input: &[f32], data_out: &mut [u8], scales_out: &mut [u8],
     ) -> Result<(), QuantError> {
         self.fill_padding(data_out);
         let divisor = self.fresh_scale_divisor();
@@ -623,11 +606,7 @@ impl QuantLayout {
     }
 
     fn encode_run(
-        &self,
-        run: &[f32],
-        e: usize,
-        scale: f32,
-        out: &mut [u8],
+        &self, run: &[f32], e: usize, scale: f32, out: &mut [u8],
     ) -> Result<(), QuantError> {
         let n = run.len();
         let inverse = 1.0 / scale;

@@ -183,7 +183,7 @@ fn xvalue_json(v: &XnnValue, xn00: bool) -> Value {
 fn payload_bytes_value(payload: &[u8], r: Option<crate::format::range::ByteRange>) -> Value {
     match r {
         None => Value::Null,
-        Some(r) if r.len > INLINE_BYTES_SHOWN => json!({ "bytes": r.len }),
+        Some(r) if r.len() > INLINE_BYTES_SHOWN => json!({ "bytes": r.len() }),
         Some(r) => json!(payload.get(r.as_usize()).unwrap_or_default()),
     }
 }
