@@ -5,6 +5,7 @@
 use std::collections::HashSet;
 use std::path::PathBuf;
 
+use crate::backend::{self, xnnpack, BackendView, NotDecoded};
 use crate::format::generated::pte_fb;
 use crate::format::layout::DataKind;
 use crate::format::{scalar_type, Kind, Model, ModelFile};
@@ -18,6 +19,7 @@ pub fn defects(model: &Model) -> Vec<String> {
         out.extend(layout.defects.iter().cloned());
     }
     out.extend(unattached_external(model));
+    out.extend(delegate_defects(model));
     for (i, f) in model.files.iter().enumerate() {
         let name = f.path.display().to_string();
         match &f.kind {
@@ -49,6 +51,97 @@ pub fn defects(model: &Model) -> Vec<String> {
         }
     }
     out
+}
+
+/// Delegate payloads a decoder cannot read, and references from a decoded payload that do
+/// not resolve: a named key missing from every file at hand, or bytes whose size disagrees
+/// with the value's datatype and dims. The runtime fails to load such a method.
+fn delegate_defects(model: &Model) -> Vec<String> {
+    let (Some(pte), Some(layout)) = (model.pte(), &model.pte_layout) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let plans = pte.program.execution_plan.as_deref().unwrap_or_default();
+    for (p, plan) in plans.iter().enumerate() {
+        let name = plan.name.as_deref().unwrap_or("");
+        for (j, d) in plan.delegates.iter().flatten().enumerate() {
+            let Some(Ok(loc)) = layout.plans.get(p).and_then(|l| l.delegates.get(j)) else {
+                continue;
+            };
+            let id = d.id.as_deref().unwrap_or("");
+            let place = format!("plan {p} (\"{name}\") delegate {j} ({id})");
+            let payload = &model.files[loc.file].bytes()[loc.range.as_usize()];
+            match backend::decode_payload(id, payload) {
+                Err(NotDecoded::NoDecoder) => {}
+                Err(NotDecoded::Invalid(e)) => {
+                    out.push(format!("{place}: the payload does not decode: {e}"))
+                }
+                Ok(BackendView::Xnnpack(graph)) => {
+                    xnnpack_references(model, &place, &graph, &mut out)
+                }
+            }
+        }
+    }
+    out
+}
+
+fn xnnpack_references(
+    model: &Model, place: &str, graph: &xnnpack::XnnGraph, out: &mut Vec<String>,
+) {
+    let attached = model.files.len() > 1;
+    let check_key = |out: &mut Vec<String>, what: String, key: &str, want: Option<u64>| match model
+        .named_blob(key)
+    {
+        None => out.push(format!(
+            "{place}: {what} needs named data \"{key}\", which {}",
+            if attached {
+                "no attached file has"
+            } else {
+                "the program does not have (attach its .ptd with --data)"
+            }
+        )),
+        Some((_, _, Err(e))) => out.push(format!("{place}: {what}: \"{key}\": {e}")),
+        Some((_, _, Ok(loc))) => {
+            if let Some(want) = want.filter(|&w| w != loc.range.len()) {
+                out.push(format!(
+                    "{place}: {what}: named data \"{key}\" is {} bytes, expected {want}",
+                    loc.range.len()
+                ));
+            }
+        }
+    };
+    for v in graph.constants() {
+        let what = format!("value %{} ({})", v.id, v.describe());
+        let want = v.expected_nbytes().ok();
+        match &v.constant {
+            Some(xnnpack::ConstantRef::Named { key, .. }) => {
+                check_key(out, what.clone(), key, want)
+            }
+            Some(xnnpack::ConstantRef::Payload { size, .. }) => {
+                if let Some(want) = want.filter(|w| w != size) {
+                    out.push(format!(
+                        "{place}: {what}: {size} bytes in the payload, expected {want}"
+                    ));
+                }
+            }
+            None => {}
+        }
+        let scales = v.quant.as_ref().and_then(|q| q.scale_ref());
+        if let Some(xnnpack::ScaleRef {
+            bytes: xnnpack::ConstantRef::Named { key, .. },
+            dtype,
+            count,
+            ..
+        }) = scales
+        {
+            check_key(
+                out,
+                format!("{what} scales"),
+                &key,
+                Some(count * dtype.size()),
+            );
+        }
+    }
 }
 
 /// EXTERNAL tensors of a program mounted without any data file: the runtime cannot load

@@ -4,6 +4,7 @@
 //! Invariant: a `ModelFile` always holds a successfully parsed file; the bytes it parsed stay
 //! mapped for as long as it lives.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -11,7 +12,7 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 
 use super::header::{detect_kind, FileKind};
-use super::layout::{locate_ptd, locate_pte, FileIndex, NamedBlob, PteLayout};
+use super::layout::{locate_ptd, locate_pte, FileIndex, Location, NamedBlob, PteLayout};
 use super::ptd::{parse_ptd, Ptd};
 use super::pte::{parse_pte, Pte};
 use super::range::ByteRange;
@@ -250,6 +251,9 @@ pub struct Model {
     pub pte_layout: Option<PteLayout>,
     /// Named blobs of each `.ptd` among `files` (None for the `.pte`).
     pub ptd_blobs: Vec<Option<Vec<NamedBlob>>>,
+    /// Every named-data key of every file: where its entries are (file, index in that
+    /// file's named data), in file order.
+    named_index: HashMap<String, Vec<(FileIndex, usize)>>,
 }
 
 impl Model {
@@ -315,11 +319,20 @@ impl Model {
             }
             Kind::Ptd(_) => None,
         };
-        Ok(Model {
+        let mut model = Model {
             files,
             pte_layout,
             ptd_blobs,
-        })
+            named_index: HashMap::new(),
+        };
+        let mut index: HashMap<String, Vec<(FileIndex, usize)>> = HashMap::new();
+        for f in 0..model.files.len() {
+            for (k, key) in model.named_data_keys(f).into_iter().enumerate() {
+                index.entry(key.to_string()).or_default().push((f, k));
+            }
+        }
+        model.named_index = index;
+        Ok(model)
     }
 
     /// Opens the same files again, as they were opened (after a commit rewrote one).
@@ -346,6 +359,20 @@ impl Model {
             Kind::Ptd(p) => Some(p),
             Kind::Pte(_) => None,
         }
+    }
+
+    /// Where the named-data entry `key` is, looking in the mounted file first, then in the
+    /// attached files in order (the runtime's order): its file, its index there, and its
+    /// bytes (or why they cannot be located).
+    pub fn named_blob(
+        &self, key: &str,
+    ) -> Option<(FileIndex, usize, Result<Location, FormatError>)> {
+        let &(file, k) = self.named_index.get(key)?.first()?;
+        let location = match &self.files[file].kind {
+            Kind::Pte(_) => self.pte_layout.as_ref()?.named_data.get(k)?.clone(),
+            Kind::Ptd(_) => self.ptd_blobs[file].as_ref()?.get(k)?.location.clone(),
+        };
+        Some((file, k, location))
     }
 
     /// Keys of the named blobs of file `file`, in table order.
