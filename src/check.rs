@@ -6,6 +6,7 @@ use std::collections::HashSet;
 
 use crate::format::generated::pte_fb;
 use crate::format::{scalar_type, Kind, Model};
+use crate::tree::names::{Names, Part, NAME_MAX};
 
 /// The runtime's limit on tensor rank (`kTensorDimensionLimit`).
 const MAX_RANK: usize = 16;
@@ -45,7 +46,54 @@ pub fn defects(model: &Model) -> Vec<String> {
             }
         }
     }
+    shortened_names(model, &mut out);
     out
+}
+
+/// Names the tree cannot show verbatim (longer than a file name can be): the runtime has no
+/// problem with them, but `ls` shows a shortened name, so a script looking for the key by
+/// name does not find it.
+fn shortened_names(model: &Model, out: &mut Vec<String>) {
+    let names = Names::of(model);
+    for s in &names.shortened {
+        let (what, shown) = match s.part {
+            Part::Plan(p) => (format!("plan {p} name"), format!("plans/{}/", s.shown)),
+            Part::DataFile(f) => (
+                format!("data file {} stem", model.files[f].path.display()),
+                format!("data/{}/", s.shown),
+            ),
+            Part::NamedData(f, k) => (
+                format!("{}: named_data[{k}] key", model.files[f].path.display()),
+                format!("{}named_data/{}.json", names.file_prefix(f), s.shown),
+            ),
+        };
+        out.push(format!(
+            "{what} {} ({} bytes) is longer than a file name can be ({NAME_MAX} bytes with its extension): the tree shows it as {shown}",
+            abbreviated(&s.full),
+            s.full.len(),
+        ));
+    }
+}
+
+/// A name as a JSON string, its middle left out when it is long.
+fn abbreviated(name: &str) -> String {
+    const SHOWN: usize = 60;
+    if name.len() <= 2 * SHOWN {
+        return serde_json::Value::from(name).to_string();
+    }
+    let mut head = SHOWN;
+    while !name.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = name.len() - SHOWN;
+    while !name.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!(
+        "{}…{}",
+        serde_json::Value::from(&name[..head]),
+        serde_json::Value::from(&name[tail..])
+    )
 }
 
 fn check_program(p: &pte_fb::ProgramT, out: &mut Vec<String>) {

@@ -11,16 +11,22 @@ use crate::format::generated::pte_fb;
 use crate::format::layout::DataKind;
 use crate::format::{scalar_type, Kind, Model};
 use crate::fs::{Attr, FileType, Fs, Options};
-use crate::tree::{Ino, Tree};
+use crate::tree::{Ino, Tree, DEFAULT_MAX_NODES};
 
+/// The tree of `file` (with `data` attached), read-only, within the default node limit.
 pub fn open_fs(file: &Path, data: &[PathBuf]) -> Result<Fs> {
+    open_fs_limited(file, data, DEFAULT_MAX_NODES)
+}
+
+/// The tree of `file`, refused when it would have more than `max_nodes` nodes.
+pub fn open_fs_limited(file: &Path, data: &[PathBuf], max_nodes: u64) -> Result<Fs> {
     for warning in interrupted_commits(file, data) {
         log::warn!("{warning}");
         eprintln!("ptefs: warning: {warning}");
     }
     let model = Model::open(file, data)?;
     Ok(Fs::new(
-        Tree::build(Arc::new(model)),
+        Tree::build_limited(Arc::new(model), max_nodes)?,
         Options { read_only: true },
     ))
 }
@@ -269,10 +275,24 @@ pub fn info(fs: &Fs, out: &mut dyn Write) -> Result<()> {
 
 /// Every defect of the files, one a line; empty when the files are sound.
 pub fn check(file: &Path, data: &[PathBuf]) -> Vec<String> {
+    check_limited(file, data, DEFAULT_MAX_NODES)
+}
+
+/// `check`, refusing (with one line saying so) files whose tree would have more than
+/// `max_nodes` nodes, as `ls`, `cat`, `info` and `mount` do.
+pub fn check_limited(file: &Path, data: &[PathBuf], max_nodes: u64) -> Vec<String> {
     let mut out = interrupted_commits(file, data);
     match Model::open(file, data) {
         Err(e) => out.push(e.to_string()),
-        Ok(model) => out.extend(crate::check::defects(&model)),
+        Ok(model) => {
+            let nodes = crate::tree::node_count(&model);
+            if nodes > max_nodes {
+                let refusal = crate::tree::build::too_many_nodes(&model, nodes, max_nodes);
+                out.push(refusal.to_string());
+            } else {
+                out.extend(crate::check::defects(&model));
+            }
+        }
     }
     out
 }
