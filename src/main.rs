@@ -177,3 +177,13 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_nodes_help_names_the_default() {
+        assert!(MAX_NODES_HELP.ends_with(&format!("default {DEFAULT_MAX_NODES}")));
+    }
+}
