@@ -9,12 +9,16 @@
 //! `--blob N` the Program also gets a named-data blob (`named_data = [{key: "blob",
 //! segment_index: 1}]`) in a second segment, which can be resized through the mount.
 //!
+//! With `--shared N`, N more values follow, each a copy of value 1: N tensors on one
+//! constant buffer, as ExecuTorch's deduplication of equal bytes makes them (a 1 MB file with
+//! 20,000 sharers: `--total 1M --big 4K --second 16 --values 12 --shared 20000`).
+//!
 //! Tensor bytes are deterministic pseudo-random numbers (finite, small floats for float
 //! dtypes) and are streamed to the file, so a 1 GiB model needs a few MiB of memory.
 //!
 //! ```text
 //! cargo run --release --example make_model -- OUT.pte --total 1G --values 12000 \
-//!     --big 256M --second 64M [--blob 1M]
+//!     --big 256M --second 64M [--blob 1M] [--shared N]
 //! ```
 
 use std::fs::File;
@@ -59,6 +63,9 @@ struct Args {
     /// Seed of the pseudo-random contents and shapes.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Values added after the others, each a tensor on the constant buffer of value 1.
+    #[arg(long, default_value_t = 0)]
+    shared: usize,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -432,11 +439,13 @@ fn run(args: &Args) -> Result<(), String> {
         i.int_val = INT_VALUES[j % INT_VALUES.len()];
         values[v] = Some(evalue(pte_fb::KernelTypesT::Int(Box::new(i))));
     }
-    let values: Vec<pte_fb::EValueT> = values
+    let mut values: Vec<pte_fb::EValueT> = values
         .into_iter()
         .enumerate()
         .map(|(i, v)| v.ok_or(format!("value {i} was not assigned")))
         .collect::<Result<_, _>>()?;
+    let second = values[1].clone();
+    values.extend(std::iter::repeat_n(second, args.shared));
 
     // Operators and a small chain: linear (big weight) -> relu -> linear (second weight) ->
     // add, then a few more linears over small weights.
@@ -564,16 +573,17 @@ fn run(args: &Args) -> Result<(), String> {
     let size = base + segment_data_size;
 
     eprintln!(
-        "{}: {} bytes ({:.1} MiB); flatbuffer {} bytes, segment base {}; {} values ({} constant tensors, {} activations, {} Ints); constant segment {} bytes{}",
+        "{}: {} bytes ({:.1} MiB); flatbuffer {} bytes, segment base {}; {} values ({} constant tensors, {} activations, {} Ints, {} sharing value 1's buffer); constant segment {} bytes{}",
         args.out.display(),
         size,
         size as f64 / (1u64 << 20) as f64,
         fb.len(),
         base,
-        args.values,
+        args.values + args.shared,
         constants.len(),
         ACTIVATIONS,
         ints.len(),
+        args.shared,
         constant_segment_size,
         if args.blob > 0 {
             format!(", named_data \"blob\" {} bytes in segment 1", args.blob)

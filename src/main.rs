@@ -8,6 +8,11 @@ use clap::{Parser, Subcommand};
 
 use ptefs::daemon::{self, MountRequest};
 use ptefs::offline;
+use ptefs::tree::DEFAULT_MAX_NODES;
+
+/// Help of `--max-nodes`.
+const MAX_NODES_HELP: &str =
+    "Refuse files whose tree would have more than N nodes (files, directories); default 4000000";
 
 #[derive(Parser)]
 #[command(
@@ -42,6 +47,8 @@ struct MountArgs {
     /// In the background, log to this file instead of syslog.
     #[arg(long, value_name = "PATH")]
     log_file: Option<PathBuf>,
+    #[arg(long, value_name = "N", help = MAX_NODES_HELP)]
+    max_nodes: Option<u64>,
 }
 
 #[derive(Subcommand)]
@@ -64,6 +71,8 @@ enum Command {
         /// Attach a .ptd (repeatable), as with `mount --data`.
         #[arg(long = "data", value_name = "PTD")]
         data: Vec<PathBuf>,
+        #[arg(long, value_name = "N", help = MAX_NODES_HELP, default_value_t = DEFAULT_MAX_NODES, hide_default_value = true)]
+        max_nodes: u64,
     },
     /// Write a file of the tree to standard output, without FUSE.
     Cat {
@@ -71,18 +80,24 @@ enum Command {
         path: String,
         #[arg(long = "data", value_name = "PTD")]
         data: Vec<PathBuf>,
+        #[arg(long, value_name = "N", help = MAX_NODES_HELP, default_value_t = DEFAULT_MAX_NODES, hide_default_value = true)]
+        max_nodes: u64,
     },
     /// One-screen summary: kind, plans, values, tensors by dtype, segments, delegates.
     Info {
         file: PathBuf,
         #[arg(long = "data", value_name = "PTD")]
         data: Vec<PathBuf>,
+        #[arg(long, value_name = "N", help = MAX_NODES_HELP, default_value_t = DEFAULT_MAX_NODES, hide_default_value = true)]
+        max_nodes: u64,
     },
     /// Deep validation: exit 0 when sound, else each defect on its own line.
     Check {
         file: PathBuf,
         #[arg(long = "data", value_name = "PTD")]
         data: Vec<PathBuf>,
+        #[arg(long, value_name = "N", help = MAX_NODES_HELP, default_value_t = DEFAULT_MAX_NODES, hide_default_value = true)]
+        max_nodes: u64,
     },
 }
 
@@ -112,6 +127,7 @@ fn main() -> ExitCode {
             options: a.options,
             verbose: a.verbose,
             log_file: a.log_file,
+            max_nodes: a.max_nodes,
         })),
         Command::Umount { mountpoint } => exit_code(daemon::umount(&mountpoint)),
         Command::Ls {
@@ -120,18 +136,34 @@ fn main() -> ExitCode {
             long,
             recursive,
             data,
+            max_nodes,
         } => exit_code(
-            offline::open_fs(&file, &data)
+            offline::open_fs_limited(&file, &data, max_nodes)
                 .and_then(|fs| offline::ls(&fs, &path, long, recursive, &mut out)),
         ),
-        Command::Cat { file, path, data } => exit_code(
-            offline::open_fs(&file, &data).and_then(|fs| offline::cat(&fs, &path, &mut out)),
+        Command::Cat {
+            file,
+            path,
+            data,
+            max_nodes,
+        } => exit_code(
+            offline::open_fs_limited(&file, &data, max_nodes)
+                .and_then(|fs| offline::cat(&fs, &path, &mut out)),
         ),
-        Command::Info { file, data } => {
-            exit_code(offline::open_fs(&file, &data).and_then(|fs| offline::info(&fs, &mut out)))
-        }
-        Command::Check { file, data } => {
-            let defects = offline::check(&file, &data);
+        Command::Info {
+            file,
+            data,
+            max_nodes,
+        } => exit_code(
+            offline::open_fs_limited(&file, &data, max_nodes)
+                .and_then(|fs| offline::info(&fs, &mut out)),
+        ),
+        Command::Check {
+            file,
+            data,
+            max_nodes,
+        } => {
+            let defects = offline::check_limited(&file, &data, max_nodes);
             if defects.is_empty() {
                 let _ = writeln!(out, "{}: ok", file.display());
                 ExitCode::SUCCESS
@@ -143,5 +175,15 @@ fn main() -> ExitCode {
                 fail(format!("{}: {} defect(s)", file.display(), defects.len()))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_nodes_help_names_the_default() {
+        assert!(MAX_NODES_HELP.ends_with(&format!("default {DEFAULT_MAX_NODES}")));
     }
 }

@@ -11,16 +11,23 @@ use crate::format::generated::pte_fb;
 use crate::format::layout::DataKind;
 use crate::format::{scalar_type, Kind, Model};
 use crate::fs::{Attr, FileType, Fs, Options};
-use crate::tree::{Ino, Tree};
+use crate::tree::names::{Names, Part, NAME_MAX};
+use crate::tree::{Ino, Tree, DEFAULT_MAX_NODES};
 
+/// The tree of `file` (with `data` attached), read-only, within the default node limit.
 pub fn open_fs(file: &Path, data: &[PathBuf]) -> Result<Fs> {
+    open_fs_limited(file, data, DEFAULT_MAX_NODES)
+}
+
+/// The tree of `file`, refused when it would have more than `max_nodes` nodes.
+pub fn open_fs_limited(file: &Path, data: &[PathBuf], max_nodes: u64) -> Result<Fs> {
     for warning in interrupted_commits(file, data) {
         log::warn!("{warning}");
         eprintln!("ptefs: warning: {warning}");
     }
     let model = Model::open(file, data)?;
     Ok(Fs::new(
-        Tree::build(Arc::new(model)),
+        Tree::build_limited(Arc::new(model), max_nodes)?,
         Options { read_only: true },
     ))
 }
@@ -269,10 +276,25 @@ pub fn info(fs: &Fs, out: &mut dyn Write) -> Result<()> {
 
 /// Every defect of the files, one a line; empty when the files are sound.
 pub fn check(file: &Path, data: &[PathBuf]) -> Vec<String> {
+    check_limited(file, data, DEFAULT_MAX_NODES)
+}
+
+/// `check`, refusing (with one line saying so) files whose tree would have more than
+/// `max_nodes` nodes, as `ls`, `cat`, `info` and `mount` do.
+pub fn check_limited(file: &Path, data: &[PathBuf], max_nodes: u64) -> Vec<String> {
     let mut out = interrupted_commits(file, data);
     match Model::open(file, data) {
         Err(e) => out.push(e.to_string()),
-        Ok(model) => out.extend(crate::check::defects(&model)),
+        Ok(model) => {
+            let nodes = crate::tree::node_count(&model);
+            if nodes > max_nodes {
+                let refusal = crate::tree::build::too_many_nodes(&model, nodes, max_nodes);
+                out.push(refusal.to_string());
+            } else {
+                out.extend(crate::check::defects(&model));
+                shortened_names(&model, &mut out);
+            }
+        }
     }
     out
 }
@@ -291,4 +313,50 @@ pub fn interrupted_commits(file: &Path, data: &[PathBuf]) -> Vec<String> {
             )
         })
         .collect()
+}
+
+/// Adds to `out` the names the tree cannot show verbatim (longer than a file name can be): the runtime has no
+/// problem with them, but `ls` shows a shortened name, so a script looking for the key by
+/// name does not find it.
+pub fn shortened_names(model: &Model, out: &mut Vec<String>) {
+    let names = Names::of(model);
+    for s in &names.shortened {
+        let (what, shown) = match s.part {
+            Part::Plan(p) => (format!("plan {p} name"), format!("plans/{}/", s.shown)),
+            Part::DataFile(f) => (
+                format!("data file {} stem", model.files[f].path.display()),
+                format!("data/{}/", s.shown),
+            ),
+            Part::NamedData(f, k) => (
+                format!("{}: named_data[{k}] key", model.files[f].path.display()),
+                format!("{}named_data/{}.json", names.file_prefix(f), s.shown),
+            ),
+        };
+        out.push(format!(
+            "{what} {} ({} bytes) is longer than a file name can be ({NAME_MAX} bytes with its extension): the tree shows it as {shown}",
+            abbreviated(&s.full),
+            s.full.len(),
+        ));
+    }
+}
+
+/// A name as a JSON string, its middle left out when it is long.
+fn abbreviated(name: &str) -> String {
+    const SHOWN: usize = 60;
+    if name.len() <= 2 * SHOWN {
+        return serde_json::Value::from(name).to_string();
+    }
+    let mut head = SHOWN;
+    while !name.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = name.len() - SHOWN;
+    while !name.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!(
+        "{}…{}",
+        serde_json::Value::from(&name[..head]),
+        serde_json::Value::from(&name[tail..])
+    )
 }

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::format::Model;
-use crate::tree::Tree;
+use crate::tree::{Tree, DEFAULT_MAX_NODES};
 
 use background::{Ready, Side};
 
@@ -43,6 +43,9 @@ pub struct MountRequest {
     pub verbose: u8,
     /// In the background, log here instead of syslog.
     pub log_file: Option<PathBuf>,
+    /// Refuse files whose tree would have more nodes (`--max-nodes`); `None`: `-o max_nodes=`
+    /// if given, else `DEFAULT_MAX_NODES`.
+    pub max_nodes: Option<u64>,
 }
 
 fn canonical(path: &Path) -> Result<PathBuf> {
@@ -76,14 +79,34 @@ fn warnings(tree: &Tree) -> Vec<String> {
     defects
 }
 
-/// Parses the model and its data files and builds the tree that the mount shows.
-fn open_tree(file: &Path, data: &[PathBuf], read_only: bool) -> Result<Tree> {
+/// Parses the model and its data files and builds the tree that the mount shows, unless it
+/// would have more than `max_nodes` nodes.
+fn open_tree(file: &Path, data: &[PathBuf], read_only: bool, max_nodes: u64) -> Result<Tree> {
     let model = if read_only {
         Model::open(file, data)?
     } else {
         Model::open_writable(file, data)?
     };
-    Ok(Tree::build(Arc::new(model)))
+    Tree::build_limited(Arc::new(model), max_nodes)
+}
+
+/// Takes ptefs's own `-o` options (`max_nodes=N`) out of the list given to FUSE.
+fn own_options(options: &[String]) -> Result<(Vec<String>, Option<u64>)> {
+    let mut max_nodes = None;
+    let mut rest = Vec::new();
+    for opt in options.iter().flat_map(|o| o.split(',')) {
+        match opt.trim().strip_prefix("max_nodes=") {
+            Some(n) => {
+                max_nodes = Some(n.parse::<u64>().map_err(|e| {
+                    Error::invalid(format!(
+                        "-o max_nodes={n}: expected a number of nodes ({e})"
+                    ))
+                })?);
+            }
+            None => rest.push(opt.to_string()),
+        }
+    }
+    Ok((rest, max_nodes))
 }
 
 /// `ptefs mount`: returns once the mount is live (in the background) or once it is
@@ -125,7 +148,9 @@ pub fn mount(req: &MountRequest) -> Result<()> {
         .chain(&data)
         .map(|p| lock::claim_file(p, &mountpoint))
         .collect::<Result<Vec<_>>>()?;
-    let (config, read_only) = options::fuse_config(&req.options, req.read_only, &file);
+    let (fuse_options, o_max_nodes) = own_options(&req.options)?;
+    let max_nodes = req.max_nodes.or(o_max_nodes).unwrap_or(DEFAULT_MAX_NODES);
+    let (config, read_only) = options::fuse_config(&fuse_options, req.read_only, &file);
     for p in std::iter::once(&file).chain(&data) {
         if let Err(e) = recovery::recover(p, !req.foreground) {
             if !read_only {
@@ -135,7 +160,7 @@ pub fn mount(req: &MountRequest) -> Result<()> {
         }
     }
     if req.foreground {
-        let tree = open_tree(&file, &data, read_only)?;
+        let tree = open_tree(&file, &data, read_only, max_nodes)?;
         let warnings = warnings(&tree);
         return serve::serve(
             tree,
@@ -160,7 +185,7 @@ pub fn mount(req: &MountRequest) -> Result<()> {
             for c in &mut claims {
                 c.record_daemon(&mountpoint);
             }
-            let tree = match open_tree(&file, &data, read_only) {
+            let tree = match open_tree(&file, &data, read_only, max_nodes) {
                 Ok(t) => t,
                 Err(e) => {
                     let failed = Err(e);

@@ -17,6 +17,9 @@ use super::FormatError;
 /// Which file holds a range: 0 is the model file itself, `k` the k-th attached `.ptd` (1-based).
 pub type FileIndex = usize;
 
+/// A named-data entry: its file and its index in that file's `named_data` table.
+pub type NamedEntry = (FileIndex, usize);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Location {
     pub file: FileIndex,
@@ -120,6 +123,9 @@ pub struct TensorData {
     pub location: Option<Location>,
     /// Why bytes that should be there are not.
     pub defect: Option<String>,
+    /// For an EXTERNAL tensor found in an attached `.ptd`: that file and the index of the
+    /// named-data entry its `fully_qualified_name` names (the tensor's identity there).
+    pub key: Option<NamedEntry>,
 }
 
 #[derive(Debug, Clone)]
@@ -244,6 +250,7 @@ fn locate_tensor(
         kind,
         location: None,
         defect: None,
+        key: None,
     };
     if kind == DataKind::None {
         return out;
@@ -258,7 +265,14 @@ fn locate_tensor(
     let found = match kind {
         DataKind::Constant => constant_location(pte, place, idx, len),
         DataKind::Mutable => mutable_location(pte, place, idx, len),
-        DataKind::External => external_location(data, keys, place, t, &out.shape, len),
+        DataKind::External => {
+            external_location(data, keys, place, t, &out.shape, len).map(|found| {
+                found.map(|(loc, key)| {
+                    out.key = Some(key);
+                    loc
+                })
+            })
+        }
         DataKind::None => unreachable!(),
     };
     match found {
@@ -341,7 +355,7 @@ fn mutable_location(
 fn external_location(
     data: &[&Ptd], keys: &KeyIndex, place: &dyn std::fmt::Display, t: &pte_fb::TensorT,
     shape: &TensorShape, len: u64,
-) -> Result<Option<Location>, FormatError> {
+) -> Result<Option<(Location, NamedEntry)>, FormatError> {
     let fqn = t
         .extra_tensor_info
         .as_ref()
@@ -402,10 +416,13 @@ fn external_location(
             seg.len()
         )));
     }
-    Ok(Some(Location {
-        file: k + 1,
-        range: seg.prefix(len),
-    }))
+    Ok(Some((
+        Location {
+            file: k + 1,
+            range: seg.prefix(len),
+        },
+        (k + 1, n),
+    )))
 }
 
 fn delegate_location(

@@ -1,39 +1,16 @@
 //! Builds the `Tree` that shows a `Model` (DESIGN.md §2.1, §2.2).
 
-use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 
-use super::{names, Content, Ino, Names, Node, TextKind, Tree, ROOT};
+use super::{names, Content, Ino, Names, Node, TextCache, TextKind, Tree, ROOT, UNKNOWN_LEN};
+use crate::error::{Error, Result};
 use crate::format::layout::{FileIndex, Location, TensorData, TensorShape};
 use crate::format::{npy, scalar_type, Kind, Model, WriteTarget};
 
-pub(super) fn collect_aliases(model: &Model, names: &Names) -> HashMap<Location, Vec<String>> {
-    let mut map: HashMap<Location, Vec<String>> = HashMap::new();
-    if let Some(layout) = &model.pte_layout {
-        let plan_names = &names.plans;
-        for (p, plan) in layout.plans.iter().enumerate() {
-            for (i, t) in plan.tensors.iter().enumerate() {
-                if let Some(loc) = t.as_ref().and_then(|t| t.location) {
-                    map.entry(loc)
-                        .or_default()
-                        .push(format!("plans/{}/values/{i}", plan_names[p]));
-                }
-            }
-        }
-    }
-    for (file, blobs) in model.ptd_blobs.iter().enumerate() {
-        let Some(blobs) = blobs else { continue };
-        let prefix = names.file_prefix(file);
-        for (k, b) in blobs.iter().enumerate() {
-            if let Ok(loc) = b.location {
-                map.entry(loc)
-                    .or_default()
-                    .push(format!("{prefix}named_data/{}", names.named_data[file][k]));
-            }
-        }
-    }
-    map
-}
+/// The most nodes a tree may have unless the user allows more (`--max-nodes`): about 1.5
+/// million tensor values, several GiB of memory for the parsed program and the tree.
+pub const DEFAULT_MAX_NODES: u64 = 4_000_000;
 
 struct Builder {
     nodes: Vec<Node>,
@@ -109,7 +86,8 @@ impl Builder {
             model,
             nodes: self.nodes,
             names,
-            aliases: OnceLock::new(),
+            sharing: OnceLock::new(),
+            texts: TextCache::new(super::TEXT_CACHE_BUDGET),
         }
     }
 }
@@ -117,7 +95,7 @@ impl Builder {
 fn text(kind: TextKind) -> Content {
     Content::Text {
         kind,
-        rendered: OnceLock::new(),
+        len: AtomicU64::new(UNKNOWN_LEN),
     }
 }
 
@@ -193,6 +171,11 @@ fn tensor_nodes(
         )
     });
     (bin, npy)
+}
+
+/// Whether a tensor gets a `.npy` (`npy_header` is `Some`), without making the header.
+fn has_npy(shape: &TensorShape) -> bool {
+    scalar_type::numpy_descr_str(shape.scalar_type).is_some() && shape.physical_dims().is_some()
 }
 
 /// The `.npy` header of a tensor (DESIGN.md §2.3: its physical shape), when NumPy can
@@ -347,28 +330,71 @@ fn add_pte(b: &mut Builder, model: &Model, names: &Names, root: Ino) {
     }
 }
 
-/// At least the number of nodes `Tree::build` makes, so that the node list is allocated once.
-fn node_bound(model: &Model) -> usize {
-    let mut n = 16;
-    if let Some(layout) = &model.pte_layout {
-        for plan in &layout.plans {
-            n += 8 + 3 * plan.tensors.len() + 3 * plan.delegates.len();
+/// The number of nodes `Tree::build` makes for `model`, counted from its tables without
+/// building anything (so a file too large for the limit is refused before it costs memory).
+pub fn node_count(model: &Model) -> u64 {
+    let mut n: u64 = 1; // the root
+    let segments = |file: &crate::format::ModelFile| match &file.kind {
+        Kind::Pte(p) => p.segments.len() as u64,
+        Kind::Ptd(p) => p.segments.len() as u64,
+    };
+    let ptd = |f: FileIndex| -> u64 {
+        // header.json, flat_tensor.json, named_data/, segments/
+        let mut n = 4 + segments(&model.files[f]);
+        for blob in model.ptd_blobs[f].iter().flatten() {
+            n += 1;
+            if blob.location.is_ok() {
+                n += 1 + blob.tensor.as_deref().map_or(0, |t| u64::from(has_npy(t)));
+            }
         }
-        n += 2 * layout.named_data.len();
-    }
-    for (f, file) in model.files.iter().enumerate() {
-        n += 8 + model.ptd_blobs[f].as_ref().map_or(0, |b| 3 * b.len());
-        n += match &file.kind {
-            Kind::Pte(p) => p.segments.len(),
-            Kind::Ptd(p) => p.segments.len(),
-        };
+        n
+    };
+    match (&model.files[0].kind, &model.pte_layout) {
+        (Kind::Pte(_), Some(layout)) => {
+            // header.json, program.json, plans/, named_data/, segments/
+            n += 5 + segments(&model.files[0]);
+            for plan in &layout.plans {
+                // the directory, plan.json, operators.txt, instructions.txt, values/, delegates/
+                n += 6;
+                for t in &plan.tensors {
+                    n += 1;
+                    if let Some(t) = t.as_ref().filter(|t| t.location.is_some()) {
+                        n += 1 + u64::from(has_npy(&t.shape));
+                    }
+                }
+                for d in &plan.delegates {
+                    n += 2 + u64::from(d.is_ok());
+                }
+            }
+            for loc in &layout.named_data {
+                n += 1 + u64::from(loc.is_ok());
+            }
+            if model.files.len() > 1 {
+                n += 1;
+                for f in 1..model.files.len() {
+                    n += 1 + ptd(f);
+                }
+            }
+        }
+        _ => n += ptd(0),
     }
     n
 }
 
 impl Tree {
+    /// The tree of `model`, unless it would have more than `max_nodes` nodes.
+    pub fn build_limited(model: Arc<Model>, max_nodes: u64) -> Result<Tree> {
+        let n = node_count(&model);
+        if n > max_nodes {
+            return Err(too_many_nodes(&model, n, max_nodes));
+        }
+        Ok(Tree::build(model))
+    }
+
+    /// The tree of `model`, however large.
     pub fn build(model: Arc<Model>) -> Tree {
-        let mut nodes = Vec::with_capacity(node_bound(&model));
+        let count = node_count(&model);
+        let mut nodes = Vec::with_capacity(usize::try_from(count).unwrap_or(0));
         nodes.push(Node {
             name: String::new(),
             parent: ROOT,
@@ -384,9 +410,36 @@ impl Tree {
             Kind::Pte(_) => add_pte(&mut b, &model, &names, ROOT),
             Kind::Ptd(_) => add_ptd(&mut b, &model, &names, ROOT, 0),
         }
+        debug_assert_eq!(
+            b.nodes.len() as u64,
+            count,
+            "node_count and the builder differ"
+        );
         b.finish(model, names)
     }
 }
+
+/// The refusal of a tree over the node limit, naming the numbers and how to raise it.
+pub fn too_many_nodes(model: &Model, nodes: u64, max_nodes: u64) -> Error {
+    let values: usize = model
+        .pte_layout
+        .as_ref()
+        .map_or(0, |l| l.plans.iter().map(|p| p.tensors.len()).sum());
+    Error::new(
+        libc::EFBIG,
+        format!(
+            "{}: its tree would have {nodes} nodes ({values} values), more than the limit of {max_nodes}; \
+             raise the limit with --max-nodes {nodes} (mount also takes -o max_nodes={nodes}) if the memory is there \
+             (about {} MiB for the tree alone)",
+            model.files[0].path.display(),
+            (nodes * NODE_MEMORY) >> 20
+        ),
+    )
+}
+
+/// Memory of one node with its name, `.npy` header and place in a listing, roughly (224
+/// bytes measured on a file of 2.5 million tensors).
+const NODE_MEMORY: u64 = (std::mem::size_of::<Node>() + 96) as u64;
 
 #[cfg(test)]
 mod tests {

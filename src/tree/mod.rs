@@ -3,20 +3,25 @@
 //! Invariants: inode numbers are positions in `nodes` plus one (the root is 1), assigned in
 //! a deterministic walk of the file, so the same file always gets the same numbers; every
 //! directory's children are sorted by name and unique; every byte range a node points at lies
-//! inside its file (it came from `format::layout`). Generated text is rendered once, on first
-//! use, and cached.
+//! inside its file (it came from `format::layout`). Generated text is rendered on use and
+//! kept in a cache of fixed size (`cache`); its length, once known, stays in the node.
 
 pub mod build;
+pub mod cache;
 pub mod names;
 pub mod render;
+pub mod sharing;
 
-use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::format::layout::{FileIndex, Location, TensorShape};
 use crate::format::{Model, WriteTarget};
 
+pub use build::{node_count, DEFAULT_MAX_NODES};
+pub use cache::{TextCache, TEXT_CACHE_BUDGET};
 pub use names::Names;
+pub use sharing::{Relation, Shared, SharingIndex};
 
 pub type Ino = u64;
 pub const ROOT: Ino = 1;
@@ -45,11 +50,16 @@ pub enum Content {
         header: Vec<u8>,
         location: Location,
     },
+    /// Generated text; its bytes live in the tree's `TextCache`.
     Text {
         kind: TextKind,
-        rendered: OnceLock<Arc<[u8]>>,
+        /// The rendered length, or `UNKNOWN_LEN` until it was first rendered or counted.
+        len: AtomicU64,
     },
 }
+
+/// `Content::Text::len` of a text not rendered yet.
+pub const UNKNOWN_LEN: u64 = u64::MAX;
 
 #[derive(Debug)]
 pub struct Node {
@@ -70,8 +80,11 @@ pub struct Tree {
     pub nodes: Vec<Node>,
     /// Directory and file names of the model's parts.
     pub names: Names,
-    /// Paths that show each tensor byte range, for `aliases` in the JSON; built on first use.
-    aliases: OnceLock<HashMap<Location, Vec<String>>>,
+    /// Paths that show each shared byte range, for `aliases` and `user.ptefs.shared`; built
+    /// on first use.
+    sharing: OnceLock<SharingIndex>,
+    /// Rendered text, within a budget.
+    texts: TextCache,
 }
 
 impl Tree {
@@ -117,27 +130,157 @@ impl Tree {
         parts.join("/")
     }
 
-    /// Paths that show each byte range, for the `aliases` of the JSON files.
-    pub fn aliases(&self) -> &HashMap<Location, Vec<String>> {
-        self.aliases
-            .get_or_init(|| build::collect_aliases(&self.model, &self.names))
+    /// Which paths show the same bytes (DESIGN.md §2.3), indexed on first use.
+    pub fn sharing(&self) -> &SharingIndex {
+        self.sharing.get_or_init(|| SharingIndex::build(self))
     }
 
-    /// The bytes of a generated text file, rendered on first use.
-    pub fn text(&self, ino: Ino) -> Option<Arc<[u8]>> {
-        match &self.node(ino)?.content {
-            Content::Text { kind, rendered } => Some(
-                rendered
-                    .get_or_init(|| render::render(self, *kind).into())
-                    .clone(),
-            ),
+    /// The tree path a sharer stands for: its `.json`'s path without the extension
+    /// (`plans/forward/values/3`, `data/w/named_data/lin.weight`).
+    pub fn sharer_path(&self, json: Ino) -> String {
+        let mut path = self.path(json);
+        if path.ends_with(".json") {
+            path.truncate(path.len() - ".json".len());
+        }
+        path
+    }
+
+    /// The `.json` of a `.bin` or `.npy` of a value or a named-data entry: the sibling with
+    /// the same base name.
+    fn json_of(&self, ino: Ino) -> Option<Ino> {
+        let node = self.node(ino)?;
+        let base = node
+            .name
+            .strip_suffix(".bin")
+            .or_else(|| node.name.strip_suffix(".npy"))?;
+        let mut name = String::with_capacity(base.len() + 5);
+        name.push_str(base);
+        name.push_str(".json");
+        let json = self.lookup(node.parent, &name)?;
+        match &self.node(json)?.content {
+            Content::Text {
+                kind: TextKind::ValueJson(..) | TextKind::NamedDataJson(..),
+                ..
+            } => Some(json),
             _ => None,
+        }
+    }
+
+    /// What shares the bytes of a `.bin` or `.npy` file (empty when nothing does).
+    pub fn shared(&self, ino: Ino) -> Shared {
+        let location = match self.node(ino).map(|n| &n.content) {
+            Some(Content::Range(l) | Content::Npy { location: l, .. }) => *l,
+            _ => return Shared::default(),
+        };
+        match self.json_of(ino) {
+            Some(json) => self.sharing().others(&location, json),
+            None => Shared::default(),
+        }
+    }
+
+    /// The rendered-text cache (tests look at what it holds).
+    pub fn text_cache(&self) -> &TextCache {
+        &self.texts
+    }
+
+    /// Replaces the text cache by an empty one of `budget` bytes (the default is
+    /// `TEXT_CACHE_BUDGET`).
+    pub fn set_text_budget(&mut self, budget: usize) {
+        self.texts = TextCache::new(budget);
+    }
+
+    /// The bytes of a generated text file: from the cache, else rendered (and cached).
+    pub fn text(&self, ino: Ino) -> Option<Arc<[u8]>> {
+        let Content::Text { kind, len } = &self.node(ino)?.content else {
+            return None;
+        };
+        let text = self.texts.get_or_render(ino, || {
+            let known = len.load(Ordering::Relaxed);
+            if known != UNKNOWN_LEN {
+                self.render_exact(ino, *kind, known)
+            } else if render::may_be_large(*kind) {
+                let n = self.count(ino, *kind);
+                self.render_exact(ino, *kind, n)
+            } else {
+                self.render_string(ino, *kind)
+            }
+        });
+        len.store(text.len() as u64, Ordering::Relaxed);
+        Some(text)
+    }
+
+    fn render_string(&self, ino: Ino, kind: TextKind) -> Arc<[u8]> {
+        render::render_to_vec(self, ino, kind).into()
+    }
+
+    /// The length of a text, rendered into a counter.
+    fn count(&self, ino: Ino, kind: TextKind) -> u64 {
+        let mut counter = Counter(0);
+        render::render(self, ino, kind, &mut counter).expect("a counter takes any text");
+        counter.0
+    }
+
+    /// Renders a text of known length straight into a buffer of that length, so a large text
+    /// is in memory once, not once growing and once copied.
+    fn render_exact(&self, ino: Ino, kind: TextKind, len: u64) -> Arc<[u8]> {
+        let Ok(n) = usize::try_from(len) else {
+            return self.render_string(ino, kind);
+        };
+        let mut buf = Arc::<[u8]>::new_uninit_slice(n);
+        let slot = Arc::get_mut(&mut buf).expect("a new Arc is unique");
+        let mut out = SliceWriter { buf: slot, at: 0 };
+        if render::render(self, ino, kind, &mut out).is_ok() && out.at == n {
+            // SAFETY: `SliceWriter` wrote `at == n` bytes from the start, all of the slice.
+            unsafe { buf.assume_init() }
+        } else {
+            // Rendering is deterministic, so this is not expected; stay correct anyway.
+            self.render_string(ino, kind)
         }
     }
 
     /// The `user.ptefs.*` attributes of a file, in listing order (DESIGN.md §2.6): where its
     /// bytes are, and for `.bin`/`.npy` files their type and shape.
     pub fn xattrs(&self, ino: Ino) -> Vec<(String, String)> {
+        let mut x = self.location_xattrs(ino);
+        if !x.is_empty() {
+            let shared = self.shared(ino);
+            if shared.total > 0 {
+                x.push(("user.ptefs.shared".to_string(), self.shared_xattr(&shared)));
+            }
+        }
+        x
+    }
+
+    /// `user.ptefs.shared`: `<relation>:<path>` for each listed sharer, comma-separated, then
+    /// ` (+N more)` when some were not listed. In the paths, `,`, space and control
+    /// characters are percent-encoded (`%2C`, `%20`, `%0A`); tree names never hold these
+    /// escapes otherwise (a `%` of a key is always `%25`), so the value splits unambiguously
+    /// on `,` and on its last space.
+    fn shared_xattr(&self, shared: &Shared) -> String {
+        let mut out = String::new();
+        for (k, (s, relation)) in shared.listed.iter().enumerate() {
+            if k > 0 {
+                out.push(',');
+            }
+            out.push_str(relation.as_str());
+            out.push(':');
+            for c in self.sharer_path(s.json).chars() {
+                match c {
+                    ',' | ' ' | '\u{0}'..='\u{1f}' | '\u{7f}' => {
+                        out.push_str(&format!("%{:02X}", c as u32))
+                    }
+                    c => out.push(c),
+                }
+            }
+        }
+        let more = shared.total - shared.listed.len();
+        if more > 0 {
+            out.push_str(&format!(" (+{more} more)"));
+        }
+        out
+    }
+
+    fn location_xattrs(&self, ino: Ino) -> Vec<(String, String)> {
         let Some(node) = self.node(ino) else {
             return Vec::new();
         };
@@ -192,8 +335,48 @@ impl Tree {
         match self.node(ino).map(|n| &n.content) {
             Some(Content::Range(loc)) => loc.range.len(),
             Some(Content::Npy { header, location }) => header.len() as u64 + location.range.len(),
-            Some(Content::Text { .. }) => self.text(ino).map_or(0, |t| t.len() as u64),
+            Some(Content::Text { kind, len }) => {
+                let known = len.load(Ordering::Relaxed);
+                if known != UNKNOWN_LEN {
+                    known
+                } else if render::may_be_large(*kind) {
+                    // Counted, not kept: `stat` of a large text must not hold it in memory.
+                    let n = self.count(ino, *kind);
+                    len.store(n, Ordering::Relaxed);
+                    n
+                } else {
+                    self.text(ino).map_or(0, |t| t.len() as u64)
+                }
+            }
             _ => 0,
         }
+    }
+}
+
+/// Counts what is written.
+struct Counter(u64);
+
+impl std::fmt::Write for Counter {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0 += s.len() as u64;
+        Ok(())
+    }
+}
+
+/// Writes into a slice of known length; fails rather than overflow it.
+struct SliceWriter<'a> {
+    buf: &'a mut [std::mem::MaybeUninit<u8>],
+    at: usize,
+}
+
+impl std::fmt::Write for SliceWriter<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let end = self.at.checked_add(s.len()).ok_or(std::fmt::Error)?;
+        let dst = self.buf.get_mut(self.at..end).ok_or(std::fmt::Error)?;
+        for (d, &b) in dst.iter_mut().zip(s.as_bytes()) {
+            d.write(b);
+        }
+        self.at = end;
+        Ok(())
     }
 }

@@ -3,10 +3,18 @@
 //! Invariants: output depends only on the files' contents (keys in schema order, no hash
 //! maps iterated), so two mounts of equal files render equal bytes; every file ends with a
 //! newline. Enum values without a name are written as numbers.
+//!
+//! Output goes to any `fmt::Write`: a counter (for a size), a `String`, or a buffer of the
+//! exact size. The tables that can hold millions of entries (`program.json`,
+//! `flat_tensor.json`) are written entry by entry ([`Lazy`]), so rendering them needs about
+//! the output's size in memory, not a `serde_json::Value` of the whole table.
+
+use std::fmt::{self, Write};
 
 use serde_json::{json, Map, Value};
 
-use super::{TextKind, Tree};
+use super::sharing::Shared;
+use super::{Ino, TextKind, Tree};
 use crate::format::generated::{ptd_fb, pte_fb};
 use crate::format::layout::{Location, TensorData};
 use crate::format::range::ByteRange;
@@ -15,71 +23,196 @@ use crate::format::{scalar_type, Kind, Model};
 /// Byte vectors longer than this are shown as `{"bytes": N}`.
 const INLINE_BYTES_SHOWN: usize = 64;
 
-pub fn render(tree: &Tree, kind: TextKind) -> Vec<u8> {
+/// Writes the text of node `ino`, of kind `kind`, to `out`.
+pub fn render(tree: &Tree, ino: Ino, kind: TextKind, out: &mut dyn Write) -> fmt::Result {
     let model = &*tree.model;
     match kind {
-        TextKind::HeaderJson(f) => to_text(&header_json(model, f)),
-        TextKind::ProgramJson => to_text(&program_json(model)),
-        TextKind::FlatTensorJson(f) => to_text(&flat_tensor_json(model, f)),
-        TextKind::PlanJson(p) => to_text(&plan_json(model, p)),
-        TextKind::ValueJson(p, i) => to_text(&value_json(tree, p, i)),
-        TextKind::DelegateJson(p, j) => to_text(&delegate_json(model, p, j)),
-        TextKind::NamedDataJson(f, k) => to_text(&named_data_json(model, f, k)),
-        TextKind::Operators(p) => operators_txt(model, p).into_bytes(),
-        TextKind::Instructions(p) => instructions_txt(model, p).into_bytes(),
+        TextKind::HeaderJson(f) => to_text(&header_json(model, f), out),
+        TextKind::ProgramJson => lazy_to_text(&program_json(model), out),
+        TextKind::FlatTensorJson(f) => lazy_to_text(&flat_tensor_json(model, f), out),
+        TextKind::PlanJson(p) => to_text(&plan_json(model, p), out),
+        TextKind::ValueJson(p, i) => to_text(&value_json(tree, ino, p, i), out),
+        TextKind::DelegateJson(p, j) => to_text(&delegate_json(model, p, j), out),
+        TextKind::NamedDataJson(f, k) => to_text(&named_data_json(tree, ino, f, k), out),
+        TextKind::Operators(p) => operators_txt(model, p, out),
+        TextKind::Instructions(p) => instructions_txt(model, p, out),
     }
 }
 
-fn to_text(v: &Value) -> Vec<u8> {
+/// The text of node `ino`, rendered into a new buffer (not cached).
+pub fn render_to_vec(tree: &Tree, ino: Ino, kind: TextKind) -> Vec<u8> {
     let mut out = String::new();
-    write_pretty(v, 0, &mut out);
-    out.push('\n');
+    render(tree, ino, kind, &mut out).expect("a String takes any text");
     out.into_bytes()
+}
+
+/// Whether a text of this kind can be large (its size grows with a table of the file), so
+/// that its size is worth counting before it is rendered into an exact buffer.
+pub fn may_be_large(kind: TextKind) -> bool {
+    matches!(
+        kind,
+        TextKind::ProgramJson
+            | TextKind::FlatTensorJson(_)
+            | TextKind::Operators(_)
+            | TextKind::Instructions(_)
+    )
+}
+
+fn to_text(v: &Value, out: &mut dyn Write) -> fmt::Result {
+    write_pretty(v, 0, out)?;
+    out.write_char('\n')
+}
+
+fn lazy_to_text(v: &Lazy<'_>, out: &mut dyn Write) -> fmt::Result {
+    write_lazy(v, 0, out)?;
+    out.write_char('\n')
 }
 
 fn is_scalar(v: &Value) -> bool {
     !matches!(v, Value::Array(_) | Value::Object(_))
 }
 
+fn pad(depth: usize, out: &mut dyn Write) -> fmt::Result {
+    for _ in 0..depth {
+        out.write_str("  ")?;
+    }
+    Ok(())
+}
+
+/// A JSON string literal, escaped exactly as `serde_json` escapes it.
+fn write_json_str(s: &str, out: &mut dyn Write) -> fmt::Result {
+    out.write_char('"')?;
+    let mut start = 0;
+    for (i, b) in s.bytes().enumerate() {
+        let escape = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            0..=0x1f => "",
+            _ => continue,
+        };
+        out.write_str(&s[start..i])?;
+        if escape.is_empty() {
+            write!(out, "\\u{b:04x}")?;
+        } else {
+            out.write_str(escape)?;
+        }
+        start = i + 1;
+    }
+    out.write_str(&s[start..])?;
+    out.write_char('"')
+}
+
 /// Two-space indented JSON whose arrays of scalars (sizes, dim orders, offsets) stay on one
 /// line, so a tensor's shape reads at a glance.
-fn write_pretty(v: &Value, depth: usize, out: &mut String) {
-    let pad = |d: usize, out: &mut String| out.extend(std::iter::repeat_n("  ", d));
+fn write_pretty(v: &Value, depth: usize, out: &mut dyn Write) -> fmt::Result {
     match v {
         Value::Array(items) if items.iter().all(is_scalar) => {
-            out.push('[');
+            out.write_char('[')?;
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push_str(", ");
+                    out.write_str(", ")?;
                 }
-                out.push_str(&item.to_string());
+                write_pretty(item, depth, out)?;
             }
-            out.push(']');
+            out.write_char(']')
         }
         Value::Array(items) => {
-            out.push_str("[\n");
+            out.write_str("[\n")?;
             for (i, item) in items.iter().enumerate() {
-                pad(depth + 1, out);
-                write_pretty(item, depth + 1, out);
-                out.push_str(if i + 1 < items.len() { ",\n" } else { "\n" });
+                pad(depth + 1, out)?;
+                write_pretty(item, depth + 1, out)?;
+                out.write_str(if i + 1 < items.len() { ",\n" } else { "\n" })?;
             }
-            pad(depth, out);
-            out.push(']');
+            pad(depth, out)?;
+            out.write_char(']')
         }
-        Value::Object(map) if map.is_empty() => out.push_str("{}"),
+        Value::Object(map) if map.is_empty() => out.write_str("{}"),
         Value::Object(map) => {
-            out.push_str("{\n");
+            out.write_str("{\n")?;
             for (i, (k, item)) in map.iter().enumerate() {
-                pad(depth + 1, out);
-                out.push_str(&Value::String(k.clone()).to_string());
-                out.push_str(": ");
-                write_pretty(item, depth + 1, out);
-                out.push_str(if i + 1 < map.len() { ",\n" } else { "\n" });
+                pad(depth + 1, out)?;
+                write_json_str(k, out)?;
+                out.write_str(": ")?;
+                write_pretty(item, depth + 1, out)?;
+                out.write_str(if i + 1 < map.len() { ",\n" } else { "\n" })?;
             }
-            pad(depth, out);
-            out.push('}');
+            pad(depth, out)?;
+            out.write_char('}')
         }
-        scalar => out.push_str(&scalar.to_string()),
+        Value::String(s) => write_json_str(s, out),
+        scalar => write!(out, "{scalar}"),
+    }
+}
+
+/// JSON made while it is written: a table with millions of entries never exists whole as a
+/// `Value`. Written exactly as `write_pretty` writes the `Value` it stands for ([`Lazy::to_value`]).
+enum Lazy<'a> {
+    Value(Value),
+    Object(Vec<(&'static str, Lazy<'a>)>),
+    /// An array of `len` objects or arrays (never scalars, which `write_pretty` would put on
+    /// one line), each made when it is written.
+    Items(usize, Box<dyn Fn(usize) -> Lazy<'a> + 'a>),
+}
+
+impl<'a> Lazy<'a> {
+    /// `null`, or one item per element made by `f`.
+    fn items<T>(v: &'a Option<Vec<T>>, f: impl Fn(&'a T) -> Lazy<'a> + 'a) -> Lazy<'a> {
+        match v {
+            None => Lazy::Value(Value::Null),
+            Some(v) => Lazy::Items(v.len(), Box::new(move |i| f(&v[i]))),
+        }
+    }
+
+    /// The whole `Value` (tests compare the two renderings).
+    #[cfg(test)]
+    fn to_value(&self) -> Value {
+        match self {
+            Lazy::Value(v) => v.clone(),
+            Lazy::Object(fields) => Value::Object(
+                fields
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_value()))
+                    .collect(),
+            ),
+            Lazy::Items(n, f) => Value::Array((0..*n).map(|i| f(i).to_value()).collect()),
+        }
+    }
+}
+
+fn write_lazy(v: &Lazy<'_>, depth: usize, out: &mut dyn Write) -> fmt::Result {
+    match v {
+        Lazy::Value(v) => write_pretty(v, depth, out),
+        Lazy::Object(fields) if fields.is_empty() => out.write_str("{}"),
+        Lazy::Object(fields) => {
+            out.write_str("{\n")?;
+            for (i, (k, item)) in fields.iter().enumerate() {
+                pad(depth + 1, out)?;
+                write_json_str(k, out)?;
+                out.write_str(": ")?;
+                write_lazy(item, depth + 1, out)?;
+                out.write_str(if i + 1 < fields.len() { ",\n" } else { "\n" })?;
+            }
+            pad(depth, out)?;
+            out.write_char('}')
+        }
+        Lazy::Items(0, _) => out.write_str("[]"),
+        Lazy::Items(n, f) => {
+            out.write_str("[\n")?;
+            for i in 0..*n {
+                let item = f(i);
+                debug_assert!(!matches!(&item, Lazy::Value(v) if is_scalar(v)));
+                pad(depth + 1, out)?;
+                write_lazy(&item, depth + 1, out)?;
+                out.write_str(if i + 1 < *n { ",\n" } else { "\n" })?;
+            }
+            pad(depth, out)?;
+            out.write_char(']')
+        }
     }
 }
 
@@ -294,15 +427,23 @@ fn frame_json(f: &pte_fb::FrameT) -> Value {
     json!({ "filename": f.filename, "lineno": f.lineno, "name": f.name, "context": f.context })
 }
 
-fn chain_json(c: &pte_fb::ChainT) -> Value {
-    json!({
-        "inputs": c.inputs,
-        "outputs": c.outputs,
-        "instructions": c.instructions.as_ref().map(|v| v.iter().map(instruction_json).collect::<Vec<_>>()),
-        "stacktrace": c.stacktrace.as_ref().map(|v| v.iter().map(|fl| json!({
-            "items": fl.items.as_ref().map(|i| i.iter().map(frame_json).collect::<Vec<_>>())
-        })).collect::<Vec<_>>()),
-    })
+fn chain_json(c: &pte_fb::ChainT) -> Lazy<'_> {
+    Lazy::Object(vec![
+        ("inputs", Lazy::Value(json!(c.inputs))),
+        ("outputs", Lazy::Value(json!(c.outputs))),
+        (
+            "instructions",
+            Lazy::items(&c.instructions, |i| Lazy::Value(instruction_json(i))),
+        ),
+        (
+            "stacktrace",
+            Lazy::items(&c.stacktrace, |fl| {
+                Lazy::Value(json!({
+                    "items": fl.items.as_ref().map(|i| i.iter().map(frame_json).collect::<Vec<_>>())
+                }))
+            }),
+        ),
+    ])
 }
 
 fn operator_json(o: &pte_fb::OperatorT) -> Value {
@@ -347,42 +488,108 @@ fn non_const_device_json(v: &Option<Vec<pte_fb::NonConstBufferDeviceT>>) -> Valu
     })
 }
 
-fn plan_table_json(p: &pte_fb::ExecutionPlanT) -> Value {
-    json!({
-        "name": p.name,
-        "container_meta_type": opt(&p.container_meta_type, |c| container_json(c)),
-        "values": p.values.as_ref().map(|v| v.iter().map(evalue_json).collect::<Vec<_>>()),
-        "inputs": p.inputs,
-        "outputs": p.outputs,
-        "chains": p.chains.as_ref().map(|v| v.iter().map(chain_json).collect::<Vec<_>>()),
-        "operators": p.operators.as_ref().map(|v| v.iter().map(operator_json).collect::<Vec<_>>()),
-        "delegates": p.delegates.as_ref().map(|v| v.iter().map(backend_delegate_json).collect::<Vec<_>>()),
-        "non_const_buffer_sizes": p.non_const_buffer_sizes,
-        "non_const_buffer_device": non_const_device_json(&p.non_const_buffer_device),
-    })
+fn plan_table_json(p: &pte_fb::ExecutionPlanT) -> Lazy<'_> {
+    Lazy::Object(vec![
+        ("name", Lazy::Value(json!(p.name))),
+        (
+            "container_meta_type",
+            Lazy::Value(opt(&p.container_meta_type, |c| container_json(c))),
+        ),
+        (
+            "values",
+            Lazy::items(&p.values, |e| Lazy::Value(evalue_json(e))),
+        ),
+        ("inputs", Lazy::Value(json!(p.inputs))),
+        ("outputs", Lazy::Value(json!(p.outputs))),
+        ("chains", Lazy::items(&p.chains, chain_json)),
+        (
+            "operators",
+            Lazy::items(&p.operators, |o| Lazy::Value(operator_json(o))),
+        ),
+        (
+            "delegates",
+            Lazy::items(&p.delegates, |d| Lazy::Value(backend_delegate_json(d))),
+        ),
+        (
+            "non_const_buffer_sizes",
+            Lazy::Value(json!(p.non_const_buffer_sizes)),
+        ),
+        (
+            "non_const_buffer_device",
+            Lazy::Value(non_const_device_json(&p.non_const_buffer_device)),
+        ),
+    ])
 }
 
 fn subsegment_json(s: &pte_fb::SubsegmentOffsetsT) -> Value {
     json!({ "segment_index": s.segment_index, "offsets": s.offsets })
 }
 
-fn program_json(model: &Model) -> Value {
+/// `{"<field>": …}` for each inline buffer, when the program has the vector at all.
+fn inline_items<'a, T>(
+    model: &'a Model, present: &Option<T>, ranges: &'a [Option<ByteRange>], field: &'static str,
+) -> Lazy<'a> {
+    match present {
+        None => Lazy::Value(Value::Null),
+        Some(_) => Lazy::Items(
+            ranges.len(),
+            Box::new(move |i| {
+                let mut m = Map::new();
+                m.insert(
+                    field.into(),
+                    opt(&ranges[i], |r| range_bytes_value(model, r)),
+                );
+                Lazy::Value(Value::Object(m))
+            }),
+        ),
+    }
+}
+
+fn program_json(model: &Model) -> Lazy<'_> {
     let pte = model.pte().expect("program.json exists only for a .pte");
     let p = &pte.program;
-    json!({
-        "version": p.version,
-        "execution_plan": p.execution_plan.as_ref().map(|v| v.iter().map(plan_table_json).collect::<Vec<_>>()),
-        "constant_buffer": p.constant_buffer.as_ref().map(|_| pte.inline_constants.iter()
-            .map(|r| json!({ "storage": opt(r, |r| range_bytes_value(model, r)) }))
-            .collect::<Vec<_>>()),
-        "backend_delegate_data": p.backend_delegate_data.as_ref().map(|_| pte.inline_delegate_data.iter()
-            .map(|r| json!({ "data": opt(r, |r| range_bytes_value(model, r)) }))
-            .collect::<Vec<_>>()),
-        "segments": p.segments.as_ref().map(|v| v.iter().map(|s| json!({ "offset": s.offset, "size": s.size })).collect::<Vec<_>>()),
-        "constant_segment": opt(&p.constant_segment, |c| subsegment_json(c)),
-        "mutable_data_segments": p.mutable_data_segments.as_ref().map(|v| v.iter().map(subsegment_json).collect::<Vec<_>>()),
-        "named_data": p.named_data.as_ref().map(|v| v.iter().map(|n| json!({ "key": n.key, "segment_index": n.segment_index })).collect::<Vec<_>>()),
-    })
+    Lazy::Object(vec![
+        ("version", Lazy::Value(json!(p.version))),
+        (
+            "execution_plan",
+            Lazy::items(&p.execution_plan, plan_table_json),
+        ),
+        (
+            "constant_buffer",
+            inline_items(model, &p.constant_buffer, &pte.inline_constants, "storage"),
+        ),
+        (
+            "backend_delegate_data",
+            inline_items(
+                model,
+                &p.backend_delegate_data,
+                &pte.inline_delegate_data,
+                "data",
+            ),
+        ),
+        (
+            "segments",
+            Lazy::items(&p.segments, |s| {
+                Lazy::Value(json!({ "offset": s.offset, "size": s.size }))
+            }),
+        ),
+        (
+            "constant_segment",
+            Lazy::Value(opt(&p.constant_segment, |c| subsegment_json(c))),
+        ),
+        (
+            "mutable_data_segments",
+            Lazy::items(&p.mutable_data_segments, |s| {
+                Lazy::Value(subsegment_json(s))
+            }),
+        ),
+        (
+            "named_data",
+            Lazy::items(&p.named_data, |n| {
+                Lazy::Value(json!({ "key": n.key, "segment_index": n.segment_index }))
+            }),
+        ),
+    ])
 }
 
 fn layout_json(l: &ptd_fb::TensorLayoutT) -> Value {
@@ -393,20 +600,30 @@ fn layout_json(l: &ptd_fb::TensorLayoutT) -> Value {
     })
 }
 
-fn flat_tensor_json(model: &Model, file: usize) -> Value {
+fn flat_tensor_json(model: &Model, file: usize) -> Lazy<'_> {
     let ft = &model
         .ptd(file)
         .expect("flat_tensor.json exists only for a .ptd")
         .flat_tensor;
-    json!({
-        "version": ft.version,
-        "segments": ft.segments.as_ref().map(|v| v.iter().map(|s| json!({ "offset": s.offset, "size": s.size })).collect::<Vec<_>>()),
-        "named_data": ft.named_data.as_ref().map(|v| v.iter().map(|n| json!({
-            "key": n.key,
-            "segment_index": n.segment_index,
-            "tensor_layout": opt(&n.tensor_layout, |l| layout_json(l)),
-        })).collect::<Vec<_>>()),
-    })
+    Lazy::Object(vec![
+        ("version", Lazy::Value(json!(ft.version))),
+        (
+            "segments",
+            Lazy::items(&ft.segments, |s| {
+                Lazy::Value(json!({ "offset": s.offset, "size": s.size }))
+            }),
+        ),
+        (
+            "named_data",
+            Lazy::items(&ft.named_data, |n| {
+                Lazy::Value(json!({
+                    "key": n.key,
+                    "segment_index": n.segment_index,
+                    "tensor_layout": opt(&n.tensor_layout, |l| layout_json(l)),
+                }))
+            }),
+        ),
+    ])
 }
 
 fn plan(model: &Model, p: usize) -> &pte_fb::ExecutionPlanT {
@@ -470,16 +687,23 @@ fn location_fields(model: &Model, m: &mut Map<String, Value>, loc: Option<Locati
     }
 }
 
-fn aliases_value(tree: &Tree, loc: Option<Location>, own: &str) -> Value {
-    let list: Vec<&String> = loc
-        .and_then(|l| tree.aliases().get(&l))
-        .map(|v| v.iter().filter(|p| p.as_str() != own).collect())
-        .unwrap_or_default();
-    json!(list)
+/// `aliases` and `aliases_total` (DESIGN.md §2.3): the first paths that show the same bytes,
+/// with their relation to this one, and how many there are in all.
+fn alias_fields(tree: &Tree, m: &mut Map<String, Value>, loc: Option<Location>, json: Ino) {
+    let shared = loc.map_or_else(Shared::default, |l| tree.sharing().others(&l, json));
+    let listed: Vec<Value> = shared
+        .listed
+        .iter()
+        .map(|(s, relation)| {
+            json!({ "path": tree.sharer_path(s.json), "relation": relation.as_str() })
+        })
+        .collect();
+    m.insert("aliases".into(), Value::Array(listed));
+    m.insert("aliases_total".into(), json!(shared.total));
 }
 
 fn tensor_value_json(
-    tree: &Tree, p: usize, i: usize, t: &pte_fb::TensorT, d: &TensorData,
+    tree: &Tree, ino: Ino, i: usize, t: &pte_fb::TensorT, d: &TensorData,
 ) -> Value {
     let mut m = Map::new();
     m.insert("index".into(), json!(i));
@@ -503,8 +727,7 @@ fn tensor_value_json(
             .and_then(|e| e.fully_qualified_name.clone())),
     );
     location_fields(&tree.model, &mut m, d.location);
-    let own = format!("plans/{}/values/{i}", tree.names.plans[p]);
-    m.insert("aliases".into(), aliases_value(tree, d.location, &own));
+    alias_fields(tree, &mut m, d.location, ino);
     m.insert("storage_offset".into(), json!(t.storage_offset));
     m.insert("requires_grad".into(), json!(t.requires_grad));
     m.insert("layout".into(), json!(t.layout));
@@ -518,7 +741,7 @@ fn tensor_value_json(
     Value::Object(m)
 }
 
-fn value_json(tree: &Tree, p: usize, i: usize) -> Value {
+fn value_json(tree: &Tree, ino: Ino, p: usize, i: usize) -> Value {
     use pte_fb::KernelTypesT as K;
     let model = &*tree.model;
     let plan = plan(model, p);
@@ -527,7 +750,7 @@ fn value_json(tree: &Tree, p: usize, i: usize) -> Value {
         &value.val,
         &model.pte_layout.as_ref().expect("resolved").plans[p].tensors[i],
     ) {
-        return tensor_value_json(tree, p, i, t, d);
+        return tensor_value_json(tree, ino, i, t, d);
     }
     let mut m = Map::new();
     m.insert("index".into(), json!(i));
@@ -580,7 +803,8 @@ fn delegate_json(model: &Model, p: usize, j: usize) -> Value {
     Value::Object(m)
 }
 
-fn named_data_json(model: &Model, file: usize, k: usize) -> Value {
+fn named_data_json(tree: &Tree, ino: Ino, file: usize, k: usize) -> Value {
+    let model = &*tree.model;
     let mut m = Map::new();
     let (key, segment_index, loc, layout) = match &model.files[file].kind {
         Kind::Pte(p) => {
@@ -612,11 +836,14 @@ fn named_data_json(model: &Model, file: usize, k: usize) -> Value {
             m.insert("size".into(), json!(l.range.len()));
             location_fields(model, &mut m, Some(*l));
         }
-        Err(e) => {
+        Err(_) => {
             m.insert("size".into(), Value::Null);
             location_fields(model, &mut m, None);
-            m.insert("defect".into(), json!(e.to_string()));
         }
+    }
+    alias_fields(tree, &mut m, loc.as_ref().ok().copied(), ino);
+    if let Err(e) = &loc {
+        m.insert("defect".into(), json!(e.to_string()));
     }
     if matches!(model.files[file].kind, Kind::Ptd(_)) {
         m.insert("tensor_layout".into(), layout);
@@ -632,12 +859,11 @@ fn operator_name(o: &pte_fb::OperatorT) -> String {
     }
 }
 
-fn operators_txt(model: &Model, p: usize) -> String {
-    let mut out = String::new();
+fn operators_txt(model: &Model, p: usize, out: &mut dyn Write) -> fmt::Result {
     for (i, o) in plan(model, p).operators.iter().flatten().enumerate() {
-        out.push_str(&format!("{i}\t{}\n", operator_name(o)));
+        writeln!(out, "{i}\t{}", operator_name(o))?;
     }
-    out
+    Ok(())
 }
 
 fn args_text(args: &Option<Vec<i32>>) -> String {
@@ -648,12 +874,11 @@ fn args_text(args: &Option<Vec<i32>>) -> String {
         .join(", ")
 }
 
-fn instructions_txt(model: &Model, p: usize) -> String {
+fn instructions_txt(model: &Model, p: usize, out: &mut dyn Write) -> fmt::Result {
     use pte_fb::InstructionArgumentsT as A;
     let plan = plan(model, p);
     let operators = plan.operators.as_deref().unwrap_or_default();
     let delegates = plan.delegates.as_deref().unwrap_or_default();
-    let mut out = String::new();
     for (c, chain) in plan.chains.iter().flatten().enumerate() {
         for (pc, ins) in chain.instructions.iter().flatten().enumerate() {
             let text = match &ins.instr_args {
@@ -685,8 +910,71 @@ fn instructions_txt(model: &Model, p: usize) -> String {
                 ),
                 A::FreeCall(f) => format!("free %{}", f.value_index),
             };
-            out.push_str(&format!("{c}:{pc}\t{text}\n"));
+            writeln!(out, "{c}:{pc}\t{text}")?;
         }
     }
-    out
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::{Path, PathBuf};
+    use std::sync::Arc;
+
+    /// Every fixture `.pte`/`.ptd` of `tests/fixtures` and `tests/fixtures/extra`.
+    fn fixtures() -> Vec<PathBuf> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        let mut out = Vec::new();
+        for d in [dir.clone(), dir.join("extra")] {
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                let p = e.path();
+                if p.extension().is_some_and(|x| x == "pte" || x == "ptd") {
+                    out.push(p);
+                }
+            }
+        }
+        out.sort();
+        assert!(out.len() > 10);
+        out
+    }
+
+    fn pretty(v: &Value) -> String {
+        let mut s = String::new();
+        to_text(v, &mut s).unwrap();
+        s
+    }
+
+    #[test]
+    fn lazy_tables_render_as_their_values() {
+        for path in fixtures() {
+            let model = crate::format::Model::open(&path, &[] as &[PathBuf]).unwrap();
+            let lazy = match &model.files[0].kind {
+                Kind::Pte(_) => program_json(&model),
+                Kind::Ptd(_) => flat_tensor_json(&model, 0),
+            };
+            let mut streamed = String::new();
+            lazy_to_text(&lazy, &mut streamed).unwrap();
+            assert_eq!(streamed, pretty(&lazy.to_value()), "{}", path.display());
+            drop(lazy);
+            let tree = Tree::build(Arc::new(model));
+            let ino = tree
+                .find("program.json")
+                .or_else(|| tree.find("flat_tensor.json"))
+                .unwrap();
+            assert_eq!(tree.size(ino), streamed.len() as u64);
+            assert_eq!(&*tree.text(ino).unwrap(), streamed.as_bytes());
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn strings_are_escaped_as_serde_json_does(s in ".*", bytes in proptest::collection::vec(0u8..0x80, 0..40)) {
+            for s in [s, String::from_utf8(bytes).unwrap()] {
+                let mut out = String::new();
+                write_json_str(&s, &mut out).unwrap();
+                proptest::prop_assert_eq!(out, serde_json::to_string(&s).unwrap());
+            }
+        }
+    }
 }
