@@ -63,6 +63,16 @@ fn truncate(fs: &Fs, ino: Ino, size: u64) -> Result<(), ptefs::error::Error> {
     fs.setattr(ino, change).map(|_| ())
 }
 
+/// What `check` finds wrong with the files' containers. Edits here write arbitrary bytes
+/// into delegate payloads, which then no longer decode: that is what was asked for, and
+/// not a defect of the container.
+fn container_defects(model: &Model) -> Vec<String> {
+    ptefs::check::defects(model)
+        .into_iter()
+        .filter(|d| !d.contains("delegate") || !d.contains("(XnnpackBackend)"))
+        .collect()
+}
+
 /// A writable copy of `linear.pte` opened through the core, its bytes before any edit, and its
 /// weight `plans/forward/values/0.bin`.
 fn linear_weight() -> (Copied, Fs, Vec<u8>, Ino) {
@@ -118,7 +128,8 @@ fn same_size_edit_of_every_writable_file_replaces_exactly_its_range() {
         for (f, orig) in files.iter().zip(&originals) {
             assert_eq!(std::fs::read(f).unwrap().len(), orig.len());
         }
-        assert!(ptefs::check::defects(&fs.tree().model).is_empty(), "{name}");
+        let defects = container_defects(&fs.tree().model);
+        assert!(defects.is_empty(), "{name}: {defects:?}");
     }
 }
 
@@ -380,9 +391,9 @@ fn size_changes_relayout_and_keep_other_segments() {
                 // The new file reopens from disk with the same tree and no defects.
                 let reopened = Model::open(&c.model, &c.data).unwrap();
                 assert!(
-                    ptefs::check::defects(&reopened).is_empty(),
+                    container_defects(&reopened).is_empty(),
                     "{name} {path}: {:?}",
-                    ptefs::check::defects(&reopened)
+                    container_defects(&reopened)
                 );
                 let t = Tree::build(Arc::new(reopened));
                 assert_eq!(t.nodes.len(), fs.tree().nodes.len());
@@ -493,7 +504,7 @@ fn run_ops(fixture: &str, ops: &[Op]) -> Result<(), TestCaseError> {
             );
         }
     }
-    let defects = ptefs::check::defects(&fs.tree().model);
+    let defects = container_defects(&fs.tree().model);
     prop_assert!(defects.is_empty(), "{defects:?}");
     Ok(())
 }
