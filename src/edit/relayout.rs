@@ -126,6 +126,9 @@ struct NewLayout<'a> {
     sources: Vec<SegmentSource<'a>>,
     /// Per segment, its offset from `base`.
     offsets: Vec<u64>,
+    /// `segment_data_size`: where the last segment ends, from `base` (an empty segment
+    /// placed last still counts its aligned offset).
+    data_size: u64,
 }
 
 fn segment_sources<'a>(
@@ -229,6 +232,7 @@ fn plan_pte<'a>(
         base,
         sources,
         offsets,
+        data_size,
     })
 }
 
@@ -252,6 +256,7 @@ fn plan_ptd<'a>(ptd: &crate::format::ptd::Ptd, change: &'a Change) -> Result<New
         base,
         sources,
         offsets,
+        data_size,
     })
 }
 
@@ -341,6 +346,7 @@ fn write_new_file(mf: &ModelFile, mut out: File, shown: &str, plan: &NewLayout) 
         base,
         sources,
         offsets,
+        data_size,
     } = plan;
     let base = *base;
     let src = mf
@@ -369,9 +375,15 @@ fn write_new_file(mf: &ModelFile, mut out: File, shown: &str, plan: &NewLayout) 
         }
         pos = at + len;
     }
-    // A segment-less file with an eh00 header still ends at the segment base.
-    if pos < base && sources.iter().any(|s| source_len(s) > 0) {
-        write_zeros(&mut out, base - pos).map_err(io(format!("write {shown}")))?;
+    // The file reaches the end its header declares: past an empty segment placed last, and
+    // (when there are segment bytes) at least to the segment base.
+    let end = if sources.iter().any(|s| source_len(s) > 0) || *data_size > 0 {
+        base + data_size
+    } else {
+        pos
+    };
+    if pos < end {
+        write_zeros(&mut out, end - pos).map_err(io(format!("write {shown}")))?;
     }
     let meta = src
         .metadata()
