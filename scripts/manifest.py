@@ -9,11 +9,25 @@ The facts come from ExecuTorch's own Python readers, not from ptefs:
 * .ptd: the FH01 header via `FlatTensorHeader`, the FlatTensor table via flatc
   (`_deserialize_to_flat_tensor`), the blobs cross-checked against
   `FlatTensorSerializer().deserialize`.
+* `XnnpackBackend` delegates (a .pte's `plans[p].delegates[j].xnnpack`): the XH00 header as
+  ExecuTorch's `XNNHeader.from_bytes` reads it (null for a bare flatbuffer), and the XNNGraph
+  flatbuffer decoded by flatc (`--json --strict-json --defaults-json --raw-binary`) with the
+  wheel's `backends/xnnpack/serialization/schema.fbs` (identifier XN01; `runtime_schema.fbs`
+  for XN00). flatc is `$FLATC`, else `flatc` on PATH. A payload that does not decode (unknown
+  identifier, flatc refuses it, an index out of range) gets no `xnnpack` key. Floats are
+  exact: flatc decodes them as bits (its own float output keeps six decimals) and they are
+  written as the float32 value, non-finite ones as the strings "inf", "-inf", "NaN".
 
 For a .pte, `runtime_check` runs the method in the ExecuTorch runtime
 (`executorch.runtime.Runtime.get().load_program(pte, data_path=ptd)`) on random inputs
 (seeded from the file's sha256, or taken from `--inputs-from`) and records the first output.
-Programs whose state changes between calls (mutable buffers) get no `runtime_check`.
+Programs whose state changes between calls (mutable buffers) get no `runtime_check`. A
+`runtime_check` taken from `--inputs-from` keeps its `imports` (modules imported before the
+program is loaded, e.g. to register custom kernels) and `atol`.
+
+The tree list follows DESIGN.md 2: a mount of the .pte (with its .ptd files attached), or of
+the .ptd, including the `xnnpack/` directory of each decoded XNNPACK delegate (2.7) and the
+`weights.safetensors` at the root of each model tree (2.8).
 
 Usage (with the ExecuTorch virtualenv's python):
 
@@ -202,7 +216,224 @@ def ptd_tree(manifest, prefix=""):
     paths.append(prefix + "segments/")
     for i in range(len(manifest["segments"])):
         paths.append(f"{prefix}segments/{i}")
+    paths.append(prefix + "weights.safetensors")
     return paths
+
+
+# ---------------------------------------------------------------------------------------------
+# XNNPACK payloads (DESIGN.md 2.7, FORMAT.md 3.4 and 9.2a)
+
+UINT32_MAX = 0xFFFFFFFF
+UINT64_MAX = 0xFFFFFFFFFFFFFFFF
+
+# Datatypes whose constants get a dequantized `values/<id>.f32.npy` (quantized, fp16, bf16).
+# The dynamically quantized types (qdint8, qpint8) are never constants: their parameters
+# are computed at run time.
+XNN_DEQUANTIZED = {
+    "xnn_datatype_fp16",
+    "xnn_datatype_bf16",
+    "xnn_datatype_qint8",
+    "xnn_datatype_quint8",
+    "xnn_datatype_qint32",
+    "xnn_datatype_qcint8",
+    "xnn_datatype_qcint32",
+    "xnn_datatype_qcint4",
+    "xnn_datatype_qbint4",
+}
+
+_XNN_SCHEMAS = {b"XN01": "schema.fbs", b"XN00": "runtime_schema.fbs"}
+
+
+def xnn_schema(name):
+    import executorch.backends.xnnpack.serialization as ser  # a namespace package
+
+    return os.path.join(list(ser.__path__)[0], name)
+
+
+_FLOAT_FIELD = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*:\s*(\[\s*float\s*\]|float)\s*[;=(]", re.M)
+
+
+def _bits_schema(schema, tmp):
+    """A copy of the schema whose `float` fields are `uint`, and the names of those fields.
+
+    flatc prints floats with six decimals (a scale 1.2345e-5 would come out as 0.000012), so
+    the floats are decoded as their bit patterns and turned back into float32 here."""
+    text = open(schema).read()
+    names = {m.group(1) for m in _FLOAT_FIELD.finditer(text)}
+    text = _FLOAT_FIELD.sub(lambda m: m.group(0).replace("float", "uint"), text)
+    # Every field of that name must be a float, else the name-based conversion is ambiguous.
+    for m in re.finditer(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*:\s*([^;]+);", text, re.M):
+        assert m.group(1) not in names or "uint" in m.group(2), m.group(0)
+    path = os.path.join(tmp, os.path.basename(schema))
+    with open(path, "w") as f:
+        f.write(text)
+    return path, names
+
+
+def _float_of_bits(bits):
+    """float32 given as its bits → the JSON value: the float (widened exactly to a double),
+    or for non-finite values the strings "inf", "-inf", "NaN" (as Rust's f64::to_string
+    spells them), since JSON has no such numbers."""
+    import math
+    import struct
+
+    f = struct.unpack("<f", struct.pack("<I", bits))[0]
+    if math.isnan(f):
+        return "NaN"
+    if math.isinf(f):
+        return "inf" if f > 0 else "-inf"
+    return f
+
+
+def _restore_floats(obj, names):
+    if isinstance(obj, dict):
+        return {
+            k: (
+                [_float_of_bits(b) for b in v]
+                if k in names and isinstance(v, list)
+                else _float_of_bits(v)
+                if k in names
+                else _restore_floats(v, names)
+            )
+            for k, v in obj.items()
+        }
+    if isinstance(obj, list):
+        return [_restore_floats(v, names) for v in obj]
+    return obj
+
+
+def flatc_json(buf, schema):
+    """flatc's JSON decoding of one flatbuffer (floats bit-exact, see _bits_schema); raises
+    CalledProcessError if flatc refuses the bytes."""
+    import subprocess
+
+    flatc = os.environ.get("FLATC", "flatc")
+    with tempfile.TemporaryDirectory() as tmp:
+        bits_schema, names = _bits_schema(schema, tmp)
+        src = os.path.join(tmp, "graph.bin")
+        with open(src, "wb") as f:
+            f.write(buf)
+        subprocess.run(
+            [flatc, "--json", "--strict-json", "--defaults-json", "--raw-binary",
+             "-o", tmp, bits_schema, "--", src],
+            check=True,
+            capture_output=True,
+        )
+        with open(os.path.join(tmp, "graph.json")) as f:
+            return _restore_floats(json.load(f), names)
+
+
+def decode_xnnpack(blob):
+    """The manifest's `xnnpack` object for one XnnpackBackend payload, or None when it does
+    not decode: a bad XH00 header, an unknown flatbuffer identifier, flatc refusing the bytes,
+    or an index (value id, constant_buffer_idx, scale_buffer_idx) out of range."""
+    import subprocess
+
+    from executorch.backends.xnnpack.serialization.xnnpack_graph_serialize import XNNHeader
+
+    blob = bytes(blob)
+    header = None
+    if blob[4:8] == XNNHeader.EXPECTED_MAGIC:
+        try:
+            h = XNNHeader.from_bytes(blob[: XNNHeader.EXPECTED_LENGTH])
+        except ValueError:
+            return None
+        if not h.is_valid():
+            return None
+        header = {
+            "header_length": int.from_bytes(blob[8:10], "little"),
+            "flatbuffer_offset": h.flatbuffer_offset,
+            "flatbuffer_size": h.flatbuffer_size,
+            "constant_data_offset": h.constant_data_offset,
+            "constant_data_size": h.constant_data_size,
+        }
+        if h.flatbuffer_offset + h.flatbuffer_size > len(blob):
+            return None
+        if h.constant_data_offset + h.constant_data_size > len(blob):
+            return None
+        fb = blob[h.flatbuffer_offset : h.flatbuffer_offset + h.flatbuffer_size]
+    else:
+        fb = blob
+    schema = _XNN_SCHEMAS.get(fb[4:8])
+    if schema is None:
+        return None
+    try:
+        g = flatc_json(fb, xnn_schema(schema))
+    except subprocess.CalledProcessError:
+        return None
+
+    nodes = []
+    for n in g.get("xnodes", []):
+        node = {
+            "type": n.get("xnode_union_type", "NONE"),
+            "fields": n.get("xnode_union", {}),
+            "debug_handle": n.get("debug_handle", 0),
+        }
+        # Not in the shared fixtures (none has a fused activation); kept when flatc shows it.
+        if "output_min_max" in n:
+            node["output_min_max"] = n["output_min_max"]
+        nodes.append(node)
+    values = []
+    for i, xv in enumerate(g.get("xvalues", [])):
+        kind = xv.get("xvalue_union_type", "NONE")
+        u = xv.get("xvalue_union", {})
+        tv = u.get("tensor_value", {}) if kind == "XNNQuantizedTensorValue" else u
+        v = {"id": i, "type": kind}
+        for k, val in tv.items():
+            if k == "num_dims":  # the length of dims
+                continue
+            v[k] = val
+        v.setdefault("dims", [])
+        if kind == "XNNQuantizedTensorValue":
+            v["quant_type"] = u.get("quant_params_type", "NONE")
+            v["quant"] = u.get("quant_params", {})
+        values.append(v)
+    constant_data = [
+        {"offset": c.get("offset", 0), "size": c.get("size", 0), "named_key": c.get("named_key", "")}
+        for c in g.get("constant_data", [])
+    ]
+    out = {
+        "header": header,
+        "version": g.get("version"),
+        "nodes": nodes,
+        "values": values,
+        "constant_data": constant_data,
+        "inputs": g.get("input_ids", []),
+        "outputs": g.get("output_ids", []),
+        "num_externs": g.get("num_externs", 0),
+    }
+
+    # Indices must be in range (the runtime would refuse the payload otherwise).
+    nv, nc = len(values), len(constant_data)
+    for v in values:
+        cbi = v.get("constant_buffer_idx", 0)
+        if cbi and cbi >= nc:
+            return None
+        sbi = (v.get("quant") or {}).get("scale_buffer_idx", 0)
+        if sbi and sbi >= nc:
+            return None
+    for n in nodes:
+        for k, val in n["fields"].items():
+            if k.endswith("_id") and isinstance(val, int) and val != UINT32_MAX and val >= nv:
+                return None
+    if any(i >= nv for i in out["inputs"] + out["outputs"]):
+        return None
+    return out
+
+
+def xnn_constant_present(xnn, value, keys):
+    """Whether the value is a constant whose bytes the file (with its .ptd files) holds: named
+    data of a key in `keys`, or a range inside the payload's constant-data region."""
+    idx = value.get("constant_buffer_idx", 0)
+    if not idx:
+        return False
+    c = xnn["constant_data"][idx]
+    if c["named_key"]:
+        return c["named_key"] in keys
+    h = xnn["header"]
+    if h is None or c["offset"] == UINT64_MAX:
+        return False
+    return c["offset"] + c["size"] <= h["constant_data_size"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -351,18 +582,21 @@ def read_pte(path):
                 blob = bytes(program.backend_delegate_data[d.processed.index].data)
             else:
                 blob = seg_bytes[d.processed.index]
-            delegates.append(
-                {
-                    "id": d.id,
-                    "location": enum_name(loc),
-                    "index": d.processed.index,
-                    "nbytes": len(blob),
-                    "sha256": sha256(blob),
-                    "compile_specs": [
-                        {"key": c.key, "value": list(bytes(c.value))} for c in d.compile_specs
-                    ],
-                }
-            )
+            delegate = {
+                "id": d.id,
+                "location": enum_name(loc),
+                "index": d.processed.index,
+                "nbytes": len(blob),
+                "sha256": sha256(blob),
+                "compile_specs": [
+                    {"key": c.key, "value": list(bytes(c.value))} for c in d.compile_specs
+                ],
+            }
+            if d.id == "XnnpackBackend":
+                xnn = decode_xnnpack(blob)
+                if xnn is not None:
+                    delegate["xnnpack"] = xnn
+            delegates.append(delegate)
         plans.append(
             {
                 "name": plan.name,
@@ -434,7 +668,9 @@ def pte_tree(manifest, ptd_manifests):
             paths.append(f"data/{stem}/")
             paths.extend(ptd_tree(m, prefix=f"data/{stem}/"))
             ptd_keys.update(nd["key"] for nd in m["named_data"])
-    paths += ["header.json", "program.json", "named_data/"]
+    paths += ["header.json", "program.json", "named_data/", "weights.safetensors"]
+    # XNNPACK reads named data from the attached .ptd files and the .pte's own named data.
+    xnn_keys = ptd_keys | {nd["key"] for nd in manifest["named_data"]}
     keys = dedupe([encode_name(nd["key"]) for nd in manifest["named_data"]])
     for name in keys:
         paths.append(f"named_data/{name}.bin")
@@ -456,8 +692,20 @@ def pte_tree(manifest, ptd_manifests):
                 paths.append(f"{d}values/{v['index']}.bin")
                 paths.append(f"{d}values/{v['index']}.npy")
         paths.append(d + "delegates/")
-        for j in range(len(plan["delegates"])):
+        for j, dg in enumerate(plan["delegates"]):
             paths += [f"{d}delegates/{j}/", f"{d}delegates/{j}/delegate.json", f"{d}delegates/{j}/processed.bin"]
+            xnn = dg.get("xnnpack")
+            if xnn is None:
+                continue
+            x = f"{d}delegates/{j}/xnnpack/"
+            paths += [x, x + "header.json", x + "graph.json", x + "graph.txt", x + "values/"]
+            for v in xnn["values"]:
+                paths.append(f"{x}values/{v['id']}.json")
+                if xnn_constant_present(xnn, v, xnn_keys):
+                    paths.append(f"{x}values/{v['id']}.bin")
+                    paths.append(f"{x}values/{v['id']}.npy")
+                    if v.get("datatype") in XNN_DEQUANTIZED:
+                        paths.append(f"{x}values/{v['id']}.f32.npy")
     paths.append("segments/")
     for i in range(len(manifest["segments"])):
         paths.append(f"segments/{i}")
@@ -484,7 +732,7 @@ def inputs_to_tensors(inputs):
     for i in inputs:
         dtype = getattr(torch, i["dtype"].split(".", 1)[1])
         t = torch.tensor(i["values"], dtype=dtype).reshape(i["shape"])
-        if i["channels_last"]:
+        if i.get("channels_last"):
             t = t.contiguous(memory_format=torch.channels_last)
         out.append(t)
     return out
@@ -533,8 +781,13 @@ def random_inputs(plan, seed):
     return inputs
 
 
-def run_method(pte, ptd, method, inputs):
+def run_method(pte, ptd, method, inputs, imports=()):
+    import importlib
+
     from executorch.runtime import Runtime
+
+    for mod in imports:
+        importlib.import_module(mod)
 
     program = Runtime.get().load_program(pte, data_path=ptd)
     m = program.load_method(method)
@@ -549,9 +802,12 @@ def runtime_check(path, manifest, ptd_paths, inputs_from=None):
         return None
     names = [p["name"] for p in plans]
     method = "forward" if "forward" in names else names[0]
+    imports, atol = [], None
     if inputs_from is not None:
         method = inputs_from["method"]
         inputs = inputs_from["inputs"]
+        imports = inputs_from.get("imports", [])
+        atol = inputs_from.get("atol")
     else:
         plan = plans[names.index(method)]
         if any(o["name"] == "aten::copy_" for o in plan["operators"]):
@@ -561,7 +817,7 @@ def runtime_check(path, manifest, ptd_paths, inputs_from=None):
             return None
     if len(ptd_paths) > 1:
         return None
-    outputs = run_method(path, ptd_paths[0] if ptd_paths else None, method, inputs)
+    outputs = run_method(path, ptd_paths[0] if ptd_paths else None, method, inputs, imports)
     out = outputs[0]
     import torch
 
@@ -569,7 +825,14 @@ def runtime_check(path, manifest, ptd_paths, inputs_from=None):
         expected = {"shape": list(out.shape), "values": tensor_values(out)}
     else:
         expected = {"shape": [], "values": [out]}
-    return {"method": method, "inputs": inputs, "expected": expected}
+    rc = {"method": method}
+    if imports:
+        rc["imports"] = list(imports)
+    rc["inputs"] = inputs
+    rc["expected"] = expected
+    if atol is not None:
+        rc["atol"] = atol
+    return rc
 
 
 # ---------------------------------------------------------------------------------------------
