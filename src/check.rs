@@ -46,6 +46,17 @@ pub fn defects(model: &Model) -> Vec<String> {
                     if let Err(e) = &blob.location {
                         out.push(format!("{name}: {e}"));
                     }
+                    if let Some(t) = &blob.tensor {
+                        if t.physical_shape().is_none() {
+                            out.push(format!(
+                                "{name}: named_data \"{}\": tensor_layout dim_order {:?}: expected a permutation of 0..{} (one entry per size of {:?})",
+                                blob.key,
+                                t.dim_order,
+                                t.sizes.len(),
+                                t.sizes
+                            ));
+                        }
+                    }
                 }
             }
         }

@@ -553,6 +553,7 @@ struct Daemon {
 
 impl Daemon {
     fn start(model: &Path, mnt: &Path, args: &[&str]) -> Daemon {
+        let log = mnt.with_extension("log");
         let child = Command::new(BIN)
             .arg("mount")
             .arg(model)
@@ -561,7 +562,7 @@ impl Daemon {
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
         let mut d = Daemon {
@@ -571,7 +572,8 @@ impl Daemon {
         let t = Instant::now();
         while !is_mounted(mnt) {
             if let Some(status) = d.child.try_wait().unwrap() {
-                panic!("ptefs mount --foreground exited: {status}");
+                let said = std::fs::read_to_string(&log).unwrap_or_default();
+                panic!("ptefs mount --foreground exited: {status}: {said}");
             }
             assert!(t.elapsed() < Duration::from_secs(60), "not mounted");
             std::thread::sleep(Duration::from_millis(20));

@@ -109,6 +109,11 @@ fn same_size_edit_of_every_writable_file_replaces_exactly_its_range() {
         let fs = open(&c, false);
         let targets = raw_writable(&fs.tree());
         for (seed, (path, loc, _)) in targets.iter().enumerate() {
+            // Arbitrary bytes written into a delegate payload earlier may have made it
+            // undecodable, and its constants' files went with its decoded tree.
+            if fs.tree().find(path).is_none() {
+                continue;
+            }
             let mut expected: Vec<Vec<u8>> =
                 files.iter().map(|f| std::fs::read(f).unwrap()).collect();
             let new = pattern(loc.range.len() as usize, seed as u8 + 1);
@@ -407,6 +412,10 @@ fn size_changes_relayout_and_keep_other_segments() {
 
 /// Each file that shows mapped bytes: its path, where its data starts in its content
 /// (after an .npy header), and the range it shows.
+/// Files whose content is a range of a model file (after a header for a `.npy`). Views of
+/// decoded delegate payloads are left out: what they show depends on the payload's bytes,
+/// which the edits here overwrite at random; their bytes are those of named data, which is
+/// in the list.
 fn mapped_files(tree: &Tree) -> Vec<(String, usize, ptefs::format::layout::Location)> {
     tree.nodes
         .iter()
@@ -418,6 +427,7 @@ fn mapped_files(tree: &Tree) -> Vec<(String, usize, ptefs::format::layout::Locat
             }
             _ => None,
         })
+        .filter(|(p, _, _)| !p.contains("/xnnpack/"))
         .collect()
 }
 
@@ -610,9 +620,13 @@ fn apply(
             }
         }
     } else {
-        for (q, _, qloc) in &files {
+        // Every view of the resized bytes shows them after its own header (an XNNPACK
+        // constant's .npy keeps the header its datatype and dims give).
+        for (q, qhdr, qloc) in &files {
             if qloc == &loc {
-                expected.insert(q.clone(), proposed.clone());
+                let mut view = expected[q][..*qhdr].to_vec();
+                view.extend_from_slice(&proposed[hdr..]);
+                expected.insert(q.clone(), view);
             }
         }
     }

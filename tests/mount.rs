@@ -155,6 +155,9 @@ struct Expected {
     sha: BTreeMap<String, String>,
     /// NumPy shape of each `.npy`.
     npy: BTreeMap<String, Vec<i64>>,
+    /// Shape of each float32 view (`xnnpack/values/<id>.f32.npy`), and whether it is
+    /// writable (quantized constants are; fp16 and bf16 ones are not).
+    f32: BTreeMap<String, (Vec<i64>, bool)>,
 }
 
 fn expect_ptd(prefix: &str, m: &Value, out: &mut Expected) {
@@ -201,6 +204,15 @@ fn expected(fx: &Fixture) -> Expected {
         }
     }
     expect_ptd("", m, &mut out);
+    // Named data by key, as the runtime finds it: the program's own first, then the data
+    // files'.
+    let mut named = external.clone();
+    for nd in m["named_data"].as_array().into_iter().flatten() {
+        named.insert(
+            nd["key"].as_str().unwrap().to_string(),
+            nd["sha256"].as_str().unwrap().to_string(),
+        );
+    }
     for (plan, dir) in m["plans"].as_array().unwrap().iter().zip(plan_dirs(m)) {
         for v in plan["values"].as_array().unwrap() {
             if v["kind"] != "Tensor" {
@@ -231,13 +243,68 @@ fn expected(fx: &Fixture) -> Expected {
                 format!("{dir}/delegates/{j}/processed.bin"),
                 d["sha256"].as_str().unwrap().into(),
             );
+            expect_xnnpack(
+                &format!("{dir}/delegates/{j}/xnnpack"),
+                &d["xnnpack"],
+                &named,
+                &mut out,
+            );
         }
     }
     out
 }
 
-/// Files DESIGN.md §3 makes writable.
-fn writable(path: &str) -> bool {
+/// What the manifest's decoding of an XNNPACK payload says about `xnnpack/values/`: the
+/// bytes of constants kept as named data (their key's sha256 in `named`), the NumPy shapes
+/// (4-bit types packed two to a byte), and the float32 views.
+fn expect_xnnpack(dir: &str, x: &Value, named: &BTreeMap<String, String>, out: &mut Expected) {
+    let Some(values) = x["values"].as_array() else {
+        return;
+    };
+    let constants = x["constant_data"].as_array().cloned().unwrap_or_default();
+    for v in values {
+        let idx = v["constant_buffer_idx"].as_u64().unwrap_or(0) as usize;
+        if idx == 0 {
+            continue;
+        }
+        let Some(key) = constants.get(idx).and_then(|c| c["named_key"].as_str()) else {
+            continue;
+        };
+        let Some(sha) = named.get(key) else {
+            continue;
+        };
+        let id = v["id_out"].as_u64().unwrap();
+        let datatype = v["datatype"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches("xnn_datatype_");
+        let dims = ints(&v["dims"]);
+        out.sha
+            .insert(format!("{dir}/values/{id}.bin"), sha.clone());
+        let mut npy = dims.clone();
+        if datatype.ends_with("int4") {
+            match npy.last_mut() {
+                Some(last) => *last = (*last + 1) / 2,
+                None => npy.push(1),
+            }
+        }
+        out.npy.insert(format!("{dir}/values/{id}.npy"), npy);
+        if datatype != "fp32" {
+            let quantized = datatype.starts_with('q');
+            out.f32
+                .insert(format!("{dir}/values/{id}.f32.npy"), (dims, quantized));
+        }
+    }
+}
+
+/// Files DESIGN.md §3 makes writable (float32 views: as `exp` says).
+fn writable(path: &str, exp: &Expected) -> bool {
+    if let Some((_, w)) = exp.f32.get(path) {
+        return *w;
+    }
+    if path == "weights.safetensors" || path.ends_with("/weights.safetensors") {
+        return true;
+    }
     let parts: Vec<&str> = path.split('/').collect();
     let n = parts.len();
     let name = parts[n - 1];
@@ -320,7 +387,7 @@ fn check_fixture(fx: &Fixture) -> Vec<String> {
                 err(format!("{p}: directory mode {perm:o}"));
             }
         } else {
-            let want = if writable(p) { 0o644 } else { 0o444 };
+            let want = if writable(p, &exp) { 0o644 } else { 0o444 };
             if perm != want {
                 err(format!("{p}: mode {perm:o}, expected {want:o}"));
             }
@@ -407,7 +474,8 @@ fn check_fixture(fx: &Fixture) -> Vec<String> {
             err(format!("{p}: user.ptefs.file is {file}"));
         }
         if p.ends_with(".npy") {
-            let bin = format!("{}.bin", p.trim_end_matches(".npy"));
+            let base = p.trim_end_matches(".npy").trim_end_matches(".f32");
+            let bin = format!("{base}.bin");
             if getxattr(&f, "user.ptefs.offset") != getxattr(&m.path(&bin), "user.ptefs.offset") {
                 err(format!("{p}: offset differs from {bin}'s"));
             }
@@ -434,7 +502,7 @@ fn check_fixture(fx: &Fixture) -> Vec<String> {
     }
 
     // NumPy loads every .npy with the physical shape and the .bin's bytes.
-    let npys = paths_of(&names, |p| p.ends_with(".npy"));
+    let npys = paths_of(&names, |p| p.ends_with(".npy") && !p.ends_with(".f32.npy"));
     let mut checks = Vec::new();
     for p in &npys {
         let Some(shape) = exp.npy.get(p) else {
@@ -470,6 +538,78 @@ sys.exit(1 if bad else 0)
         );
         if !ok {
             err(format!("numpy: {stdout}{stderr}"));
+        }
+    }
+
+    // Float32 views load with their shape and finite values.
+    let views: Vec<serde_json::Value> = paths_of(&names, |p| p.ends_with(".f32.npy"))
+        .iter()
+        .map(|p| match exp.f32.get(p) {
+            Some((shape, _)) => serde_json::json!({ "npy": m.path(p), "shape": shape }),
+            None => {
+                err(format!("{p}: no manifest value gives its shape"));
+                serde_json::Value::Null
+            }
+        })
+        .filter(|v| !v.is_null())
+        .collect();
+    if !views.is_empty() {
+        let (ok, stdout, stderr) = py(
+            r#"
+import json, sys, numpy
+bad = []
+for c in json.loads(sys.argv[1]):
+    a = numpy.load(c["npy"], allow_pickle=False)
+    if a.dtype != numpy.float32 or list(a.shape) != c["shape"]:
+        bad.append(f'{c["npy"]}: {a.dtype}{list(a.shape)}, expected float32{c["shape"]}')
+    elif not numpy.isfinite(a).all():
+        bad.append(f'{c["npy"]}: values that are not finite')
+print("\n".join(bad))
+sys.exit(1 if bad else 0)
+"#,
+            &[&serde_json::to_string(&views).unwrap()],
+        );
+        if !ok {
+            err(format!("float32 views: {stdout}{stderr}"));
+        }
+    }
+
+    // Every weights.safetensors reads with the safetensors package, and each tensor's bytes
+    // are those of the tree file its metadata names.
+    for p in paths_of(&names, |p| p.ends_with("weights.safetensors")) {
+        let prefix = p.trim_end_matches("weights.safetensors");
+        let (ok, stdout, stderr) = py(
+            r#"
+import json, sys, struct
+from safetensors import safe_open
+path, root, prefix = sys.argv[1], sys.argv[2], sys.argv[3]
+raw = open(path, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+header = json.loads(raw[8:8 + n])
+meta = header.pop("__metadata__", {})
+bad = []
+with safe_open(path, "np") as f:
+    if sorted(f.keys()) != sorted(header):
+        bad.append(f"{path}: safe_open lists other tensors")
+    if (f.metadata() or {}) != meta:
+        bad.append(f"{path}: safe_open gives other metadata")
+for name, t in header.items():
+    b, e = t["data_offsets"]
+    mine = raw[8 + n + b:8 + n + e]
+    shown = open(root + "/" + meta[name] + ".bin", "rb").read()
+    if mine != shown:
+        bad.append(f"{path}: {name}: bytes differ from {meta[name]}.bin")
+print("\n".join(bad))
+sys.exit(1 if bad else 0)
+"#,
+            &[
+                m.path(&p).to_str().unwrap(),
+                m.mnt.to_str().unwrap(),
+                prefix,
+            ],
+        );
+        if !ok {
+            err(format!("{p}: {stdout}{stderr}"));
         }
     }
 
@@ -510,7 +650,8 @@ fn read_only_mounts_show_0444_and_refuse_writes_with_erofs() {
             let want = if meta.is_dir() { 0o555 } else { 0o444 };
             assert_eq!(perm, want, "{}: {p} has mode {perm:o}", fx.name);
         }
-        let targets = paths_of(&fx.tree, writable);
+        let exp = expected(&fx);
+        let targets = paths_of(&fx.tree, |p| writable(p, &exp));
         let Some(target) = targets.first() else {
             continue;
         };
@@ -540,8 +681,9 @@ fn cp_of_a_same_size_tensor_replaces_exactly_its_range() {
         return;
     }
     for_fixtures("no fixture has a tensor .bin", |fx| {
+        let exp = expected(fx);
         let bins = paths_of(&fx.tree, |p| {
-            writable(p) && p.ends_with(".bin") && p.contains("/values/")
+            writable(p, &exp) && p.ends_with(".bin") && p.contains("/values/")
         });
         let Some(target) = bins.first() else {
             return false;
@@ -751,10 +893,19 @@ fn read_only_files_are_eacces_and_the_tree_cannot_be_reshaped() {
         "EPERM"
     );
     assert_eq!(py_errno("os.chmod(sys.argv[1], 0o600)", &[fs]), "EPERM");
-    // A directory without writable files takes no new files.
-    let root = m.mnt.to_str().unwrap().to_string();
+    // A directory without writable files (a plan's) takes no new files.
+    let plans = m.path("plans");
+    let plan = std::fs::read_dir(&plans)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
     assert_eq!(
-        py_errno("open(sys.argv[1] + '/new.txt', 'wb')", &[&root]),
+        py_errno(
+            "open(sys.argv[1] + '/new.txt', 'wb')",
+            &[plan.to_str().unwrap()]
+        ),
         "EACCES"
     );
     assert_eq!(std::fs::read(&m.model).unwrap(), before);

@@ -1,9 +1,9 @@
 //! The XNNPACK payload decoder against real exports and hostile payloads.
 //!
-//! `tests/fixtures/xnnpack` holds exports whose manifests carry flatc's decoding of every
-//! XNNPACK payload (`plans[p].delegates[j].xnnpack`); the decoder must report exactly the
-//! same facts. `tests/fixtures/extra` adds payloads of other shapes (inline, two methods,
-//! channels-last convolution, int8). Synthetic payloads cover the `XN00` schema, bare
+//! The manifests in `tests/fixtures` and `tests/fixtures/extra` carry flatc's decoding of
+//! every XNNPACK payload (`plans[p].delegates[j].xnnpack`); the decoder must report exactly
+//! the same facts, on payloads of every shape the exports have (inline, two methods,
+//! channels-last convolution, every datatype). Synthetic payloads cover the `XN00` schema, bare
 //! flatbuffers and constants inside the payload, which no current exporter writes.
 
 use std::collections::HashMap;
@@ -24,7 +24,7 @@ use ptefs::format::generated::xnn_fb;
 use ptefs::format::layout::{locate_ptd, locate_pte};
 use ptefs::format::{Kind, ModelFile};
 
-const XNNPACK_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/xnnpack");
+const XNNPACK_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
 const EXTRA_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/extra");
 
 struct Delegate {

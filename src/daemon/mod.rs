@@ -169,6 +169,7 @@ pub fn mount(req: &MountRequest) -> Result<()> {
             &mountpoint,
             Ready::Foreground,
             &warnings,
+            claims,
         );
     }
     match background::fork()? {
@@ -194,7 +195,15 @@ pub fn mount(req: &MountRequest) -> Result<()> {
                 }
             };
             let warnings = warnings(&tree);
-            serve::serve(tree, read_only, &config, &mountpoint, ready, &warnings)
+            serve::serve(
+                tree,
+                read_only,
+                &config,
+                &mountpoint,
+                ready,
+                &warnings,
+                claims,
+            )
         }
     }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use fuser::{Config, Session};
 
 use super::background::Ready;
-use super::lock::MountLock;
+use super::lock::{FileClaim, MountLock};
 use super::mountinfo::find_mount;
 use super::unmount::unmount_path;
 use crate::error::{Error, Result};
@@ -80,7 +80,7 @@ fn on_signals(fs: Arc<Fs>, mountpoint: PathBuf, events: mpsc::Sender<Event>) {
 /// until it is unmounted.
 pub fn serve(
     tree: Tree, read_only: bool, config: &Config, mountpoint: &Path, ready: Ready,
-    warnings: &[String],
+    warnings: &[String], claims: Vec<FileClaim>,
 ) -> Result<()> {
     // Signals go to the signal thread only: block them before any thread starts.
     let set = signal_set();
@@ -110,7 +110,7 @@ pub fn serve(
             return failed;
         }
     };
-    let _lock = match find_mount(mountpoint) {
+    let lock = match find_mount(mountpoint) {
         Some(entry) => {
             raise_readahead(&entry.dev);
             MountLock::take(&entry.dev)
@@ -158,6 +158,9 @@ pub fn serve(
         },
         Err(_) => Ok(()),
     };
+    // The files are free again before `ptefs umount`, which waits on the lock, returns.
+    drop(claims);
+    drop(lock);
     match ended {
         Ok(()) => {
             log::info!("unmounted {}", mountpoint.display());

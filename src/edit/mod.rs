@@ -7,24 +7,25 @@
 //! the original (`relayout`).
 
 mod beside;
+pub mod bulk;
 pub mod journal;
 pub mod relayout;
+mod requantize;
 pub mod source;
 pub mod validate;
 
 use crate::error::Result;
-use crate::format::layout::FileIndex;
-use crate::format::range::ByteRange;
+use crate::format::layout::{FileIndex, Location};
 use crate::format::{Model, WriteTarget};
 
-pub use source::Source;
+pub use source::{Bytes, Source};
 pub use validate::Plan;
 
 /// What a commit did to the files.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    /// Bytes `range` of file `file` were replaced; nothing moved.
-    InPlace { file: FileIndex, range: ByteRange },
+    /// The bytes of these ranges were replaced; nothing moved.
+    InPlace { ranges: Vec<Location> },
     /// File `file` was rewritten with a new layout.
     Relayout { file: FileIndex },
 }
@@ -37,16 +38,32 @@ pub fn validate(model: &Model, target: &WriteTarget, data: Source) -> Result<()>
 /// Validates `data` as the new content of the file behind `target`, then writes it.
 /// `exclusive` is held while bytes that readers may be mapping change in place.
 pub fn commit<G>(
-    model: &Model, target: &WriteTarget, data: Source, exclusive: impl FnOnce() -> G,
+    model: &Model, target: &WriteTarget, data: Source, exclusive: impl Fn() -> G,
 ) -> Result<Outcome> {
     match validate::plan(model, target, data)? {
-        Plan::InPlace { location, bytes } => {
-            let file = &model.files[location.file];
-            journal::write_in_place(file, &[(location.range.start(), bytes)], exclusive)?;
-            Ok(Outcome::InPlace {
-                file: location.file,
-                range: location.range,
-            })
+        Plan::InPlace { mut writes } => {
+            writes.sort_by_key(|(l, _)| (l.file, l.range.start()));
+            let ranges: Vec<Location> = writes.iter().map(|(l, _)| *l).collect();
+            // One journal per file: the ranges of one file change together.
+            let mut at = 0;
+            if writes.is_empty() {
+                return Ok(Outcome::InPlace { ranges });
+            }
+            while at < writes.len() {
+                let file = writes[at].0.file;
+                let end = at
+                    + writes[at..]
+                        .iter()
+                        .take_while(|(l, _)| l.file == file)
+                        .count();
+                let ranges: Vec<journal::RangeWrite> = writes[at..end]
+                    .iter()
+                    .map(|(l, b)| (l.range.start(), b.source()))
+                    .collect();
+                journal::write_in_place(&model.files[file], &ranges, &exclusive)?;
+                at = end;
+            }
+            Ok(Outcome::InPlace { ranges })
         }
         Plan::Relayout { file, change } => {
             relayout::rewrite(model, file, &change)?;

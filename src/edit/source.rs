@@ -14,6 +14,23 @@ use crate::error::{Error, Result};
 /// How much of a file source is read at a time.
 pub const CHUNK: usize = 8 << 20;
 
+/// New bytes a commit computed itself (re-quantized weights, scales), or a view of what
+/// the writer staged.
+#[derive(Debug)]
+pub enum Bytes<'a> {
+    Staged(Source<'a>),
+    Owned(Vec<u8>),
+}
+
+impl Bytes<'_> {
+    pub fn source(&self) -> Source<'_> {
+        match self {
+            Bytes::Staged(s) => *s,
+            Bytes::Owned(v) => Source::Memory(v),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 pub enum Source<'a> {
     Memory(&'a [u8]),

@@ -6,7 +6,7 @@ use crate::format::layout::{FileIndex, Location, TensorShape};
 use crate::format::{npy, Model, WriteTarget};
 use crate::format::{scalar_type, Kind};
 
-use super::source::Source;
+use super::source::{Bytes, Source};
 use crate::error::{Error, Result};
 
 /// A size-changing edit of one file.
@@ -20,9 +20,9 @@ pub enum Change<'a> {
 
 #[derive(Debug)]
 pub enum Plan<'a> {
+    /// Same-size replacements of these ranges.
     InPlace {
-        location: Location,
-        bytes: Source<'a>,
+        writes: Vec<(Location, Bytes<'a>)>,
     },
     Relayout {
         file: FileIndex,
@@ -30,12 +30,11 @@ pub enum Plan<'a> {
     },
 }
 
-fn exact_size(location: Location, shape: &TensorShape, data: Source) -> Result<()> {
+fn exact_size(location: Location, what: &str, data: Source) -> Result<()> {
     let need = location.range.len();
     if data.len() != need {
         return Err(Error::invalid(format!(
-            "needs {need} bytes for {}, got {}",
-            shape.describe(),
+            "needs {need} bytes for {what}, got {}",
             data.len()
         )));
     }
@@ -62,17 +61,33 @@ const MAX_INLINE: u64 = 1 << 30;
 /// The most a `.npy` header is read for.
 const NPY_HEADER_READ: u64 = 1 << 20;
 
-fn check_npy<'a>(location: Location, shape: &TensorShape, data: Source<'a>) -> Result<Source<'a>> {
+/// What a `.npy` must declare: its dtype (and the type's true name, for messages), its
+/// shape, and how many data bytes follow.
+struct NpyWant<'w> {
+    descr: &'w str,
+    what: &'w str,
+    shape: &'w [u64],
+    nbytes: u64,
+}
+
+fn tensor_npy_want(shape: &TensorShape) -> (String, String, Vec<u64>) {
+    (
+        scalar_type::numpy_descr(shape.scalar_type).unwrap_or_default(),
+        shape.describe(),
+        shape.physical_shape().unwrap_or_default(),
+    )
+}
+
+fn check_npy<'a>(want: NpyWant, data: Source<'a>) -> Result<Source<'a>> {
     let header = npy::parse_header(&data.head(NPY_HEADER_READ)?)?;
-    let want_descr = scalar_type::numpy_descr(shape.scalar_type).unwrap_or_default();
-    if normalize_descr(&header.descr) != normalize_descr(&want_descr) {
+    let want_descr = want.descr;
+    if normalize_descr(&header.descr) != normalize_descr(want_descr) {
         return Err(Error::invalid(format!(
             ".npy dtype differs: expected '{want_descr}' ({}), found '{}'",
-            scalar_type::display(shape.scalar_type),
-            header.descr
+            want.what, header.descr
         )));
     }
-    let want_shape = shape.physical_shape().unwrap_or_default();
+    let want_shape = want.shape;
     if header.shape != want_shape {
         return Err(Error::invalid(format!(
             ".npy shape differs: expected {want_shape:?}, found {:?}",
@@ -86,34 +101,66 @@ fn check_npy<'a>(location: Location, shape: &TensorShape, data: Source<'a>) -> R
     }
     let at = header.data_offset as u64;
     let body = data.slice(at, data.len() - at)?;
-    if body.len() != location.range.len() {
+    if body.len() != want.nbytes {
         return Err(Error::invalid(format!(
             ".npy data is {} bytes: expected {} for {}",
             body.len(),
-            location.range.len(),
-            shape.describe()
+            want.nbytes,
+            want.what
         )));
     }
     Ok(body)
+}
+
+fn in_place(location: Location, bytes: Source) -> Plan {
+    Plan::InPlace {
+        writes: vec![(location, Bytes::Staged(bytes))],
+    }
 }
 
 /// Decides how `data` becomes the new content of `target`, or why it cannot.
 pub fn plan<'a>(model: &Model, target: &WriteTarget, data: Source<'a>) -> Result<Plan<'a>> {
     match target {
         WriteTarget::TensorBin { location, shape } => {
-            exact_size(*location, shape, data)?;
-            Ok(Plan::InPlace {
-                location: *location,
-                bytes: data,
-            })
+            exact_size(*location, &shape.describe(), data)?;
+            Ok(in_place(*location, data))
         }
         WriteTarget::TensorNpy { location, shape } => {
-            let bytes = check_npy(*location, shape, data)?;
-            Ok(Plan::InPlace {
-                location: *location,
-                bytes,
-            })
+            let (descr, what, shape) = tensor_npy_want(shape);
+            let want = NpyWant {
+                descr: &descr,
+                what: &what,
+                shape: &shape,
+                nbytes: location.range.len(),
+            };
+            let bytes = check_npy(want, data)?;
+            Ok(in_place(*location, bytes))
         }
+        WriteTarget::PayloadConstant { location, what } => {
+            exact_size(*location, what, data)?;
+            Ok(in_place(*location, data))
+        }
+        WriteTarget::PayloadConstantNpy {
+            location,
+            descr,
+            shape,
+            what,
+        } => {
+            let want = NpyWant {
+                descr,
+                what,
+                shape,
+                nbytes: location.range.len(),
+            };
+            let bytes = check_npy(want, data)?;
+            Ok(in_place(*location, bytes))
+        }
+        WriteTarget::Weights { entries } => super::bulk::plan(model, entries, data).map(|(p, _)| p),
+        WriteTarget::PayloadConstantF32 {
+            plan,
+            delegate,
+            value,
+        } => super::requantize::plan(model, *plan, *delegate, *value, data),
         WriteTarget::Segment {
             location, index, ..
         } => {
@@ -124,18 +171,12 @@ pub fn plan<'a>(model: &Model, target: &WriteTarget, data: Source<'a>) -> Result
                     data.len()
                 )));
             }
-            Ok(Plan::InPlace {
-                location: *location,
-                bytes: data,
-            })
+            Ok(in_place(*location, data))
         }
         WriteTarget::Blob { file, named_index } => {
             let (location, segment) = blob_location(model, *file, *named_index)?;
             if data.len() == location.range.len() {
-                Ok(Plan::InPlace {
-                    location,
-                    bytes: data,
-                })
+                Ok(in_place(location, data))
             } else {
                 Ok(Plan::Relayout {
                     file: *file,
@@ -153,10 +194,7 @@ pub fn plan<'a>(model: &Model, target: &WriteTarget, data: Source<'a>) -> Result
                 .ok_or_else(|| Error::invalid("not a .pte"))?;
             let location = layout.plans[*plan].delegates[*delegate].clone()?;
             if data.len() == location.range.len() {
-                return Ok(Plan::InPlace {
-                    location,
-                    bytes: data,
-                });
+                return Ok(in_place(location, data));
             }
             let pte = model.pte().ok_or_else(|| Error::invalid("not a .pte"))?;
             let d = &pte.program.execution_plan.as_deref().unwrap_or_default()[*plan]

@@ -34,6 +34,15 @@ impl ByteRange {
         self.start + self.len
     }
 
+    /// `len` bytes from `offset` into this range, clamped to its end.
+    pub fn slice_from(&self, offset: u64, len: u64) -> ByteRange {
+        let offset = offset.min(self.len);
+        ByteRange {
+            start: self.start + offset,
+            len: len.min(self.len - offset),
+        }
+    }
+
     /// The first `len` bytes of this range (all of it when it is shorter).
     pub fn prefix(&self, len: u64) -> ByteRange {
         ByteRange {

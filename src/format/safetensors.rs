@@ -55,6 +55,18 @@ pub fn dtype_of(scalar_type: i8) -> Option<(&'static str, u64)> {
     })
 }
 
+/// One tensor of the `weights.safetensors` of a model file: its name there, its dtype and
+/// shape, and where its bytes are in the model file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub name: String,
+    pub dtype: &'static str,
+    pub shape: Vec<u64>,
+    pub location: super::layout::Location,
+    /// The tree path that shows the tensor (`plans/forward/values/0`), for `__metadata__`.
+    pub path: String,
+}
+
 /// One tensor of a safetensors file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorInfo {

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use super::layout::{FileIndex, Location, TensorShape};
+use super::safetensors::Entry;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WriteTarget {
@@ -29,5 +30,30 @@ pub enum WriteTarget {
         file: FileIndex,
         index: usize,
         location: Location,
+    },
+    /// The bytes of a constant of a decoded delegate payload (`xnnpack/values/<id>.bin`):
+    /// exactly as many, written where they live (named data, or inside the payload).
+    PayloadConstant {
+        location: Location,
+        /// The constant, for messages: `"qbint4[64,64]"`.
+        what: Arc<str>,
+    },
+    /// Its `.npy`: the same dtype (`descr`) and shape.
+    PayloadConstantNpy {
+        location: Location,
+        descr: &'static str,
+        shape: Arc<[u64]>,
+        what: Arc<str>,
+    },
+    /// `weights.safetensors` of a model file: a safetensors file naming any subset of its
+    /// tensors, each with the same dtype and shape, all written in one commit.
+    Weights { entries: Arc<[Entry]> },
+    /// Its float32 view (`.f32.npy`): re-quantized into the constant's bytes and scales,
+    /// which change together. The value is found again in the payload at commit.
+    PayloadConstantF32 {
+        plan: usize,
+        delegate: usize,
+        /// The value's id.
+        value: u32,
     },
 }

@@ -12,14 +12,23 @@ use super::staging::Staged;
 use super::Fs;
 use crate::edit::{self, Outcome, Source};
 use crate::error::{Error, Result};
+use crate::format::layout::Location;
 use crate::format::Model;
-use crate::tree::{Content, Ino, Tree};
+use crate::tree::{Ino, Tree};
 
 /// Whether the tree of `old` still describes the file after `outcome`: an in-place write
-/// beyond the flatbuffer changes bytes that no generated file or layout is computed from.
+/// beyond the flatbuffer, and outside every decoded delegate payload, changes bytes that no
+/// generated file or layout is computed from.
 fn outcome_keeps_structure(old: &Tree, outcome: &Outcome) -> bool {
+    let decoded: Vec<Location> = old.delegates.iter().map(|(_, d)| d.payload).collect();
+    let overlaps = |a: &Location, b: &Location| {
+        a.file == b.file && a.range.start() < b.range.end() && b.range.start() < a.range.end()
+    };
     match outcome {
-        Outcome::InPlace { file, range } => range.start() >= old.model.files[*file].program_end(),
+        Outcome::InPlace { ranges } => ranges.iter().all(|l| {
+            l.range.start() >= old.model.files[l.file].program_end()
+                && !decoded.iter().any(|d| overlaps(l, d))
+        }),
         Outcome::Relayout { .. } => false,
     }
 }
@@ -30,24 +39,31 @@ fn invalidations(old: &Tree, outcome: &Outcome) -> Invalidate {
     if !outcome_keeps_structure(old, outcome) {
         return Invalidate::inodes((1..=old.nodes.len() as Ino).collect());
     }
-    let Outcome::InPlace { file, range } = outcome else {
+    let Outcome::InPlace { ranges } = outcome else {
         unreachable!("only in-place commits keep the structure")
+    };
+    let overlaps = |l: &Location| {
+        ranges.iter().any(|r| {
+            l.file == r.file && l.range.start() < r.range.end() && r.range.start() < l.range.end()
+        })
     };
     Invalidate::inodes(
         old.nodes
             .iter()
             .enumerate()
-            .filter(|(_, n)| match &n.content {
-                Content::Range(l) | Content::Npy { location: l, .. } => {
-                    l.file == *file
-                        && l.range.start() < range.end()
-                        && range.start() < l.range.end()
-                }
-                _ => false,
-            })
+            .filter(|(_, n)| n.content.reads().iter().any(overlaps))
             .map(|(i, _)| i as Ino + 1)
             .collect(),
     )
+}
+
+/// Whether two trees give every inode number the same name, parent and kind.
+fn same_shape(a: &Tree, b: &Tree) -> bool {
+    a.nodes.len() == b.nodes.len()
+        && a.nodes
+            .iter()
+            .zip(&b.nodes)
+            .all(|(x, y)| x.parent == y.parent && x.is_dir() == y.is_dir() && x.name == y.name)
 }
 
 /// Re-opens the files of `tree` after a commit and builds the new tree.
@@ -79,7 +95,7 @@ impl Fs {
         let exclusive = || self.gate.write().unwrap_or_else(|e| e.into_inner());
         let outcome =
             edit::commit(&tree.model, &target, data, exclusive).map_err(|e| e.context(&path))?;
-        let inval = invalidations(&tree, &outcome);
+        let mut inval = invalidations(&tree, &outcome);
         if outcome_keeps_structure(&tree, &outcome) {
             // Same offsets and sizes, and the mapping shares the page cache with the write:
             // the snapshot already shows the new bytes. Re-parsing would cost time
@@ -92,6 +108,16 @@ impl Fs {
                     format!("{path}: written, but re-reading the model failed: {e}"),
                 )
             })?;
+            if !same_shape(&tree, &new_tree) {
+                // Inode numbers now name other nodes (a decoded payload gained or lost
+                // files): every cached name must be looked up again.
+                inval.entries = tree
+                    .nodes
+                    .iter()
+                    .skip(1)
+                    .map(|n| (n.parent, n.name.clone()))
+                    .collect();
+            }
             self.replace_tree(new_tree);
         }
         log::info!("committed {path} ({} bytes, {outcome:?})", data.len());

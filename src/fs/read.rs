@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::format::layout::Location;
+use crate::tree::weights::Piece;
 use crate::tree::{Content, Ino, Tree};
 
 /// How far beyond a read the backing file is asked into the page cache. Reads copy from the
@@ -174,6 +175,50 @@ pub fn read(tree: Arc<Tree>, ino: Ino, offset: u64, size: u32) -> Result<ReadDat
                     check_still_backed(&tree, location)?;
                 }
                 Part::Owned(out)
+            }
+        }
+        Content::Dequantized { header, view } => {
+            for l in std::iter::once(&view.data).chain(&view.scales) {
+                check_still_backed(&tree, l)?;
+            }
+            let bytes = crate::tree::xnnpack::read_f32(&tree.model, view, header, offset, size)?;
+            // A truncation during the reads leaves zeros behind: do not serve them.
+            for l in std::iter::once(&view.data).chain(&view.scales) {
+                check_still_backed(&tree, l)?;
+            }
+            Part::Owned(bytes)
+        }
+        Content::Weights(w) => {
+            let pieces = w.pieces(offset, size);
+            for p in &pieces {
+                if let Piece::Range(l) = p {
+                    check_still_backed(&tree, l)?;
+                }
+            }
+            match pieces.as_slice() {
+                // A read inside one tensor is a slice of the mapping.
+                [Piece::Range(l)] => Part::Mapped {
+                    file: l.file,
+                    start: l.range.start() as usize,
+                    end: l.range.end() as usize,
+                },
+                _ => {
+                    let mut out = Vec::with_capacity(size as usize);
+                    for p in &pieces {
+                        match p {
+                            Piece::Header(h) => out.extend_from_slice(h),
+                            Piece::Range(l) => out.extend_from_slice(
+                                &tree.model.files[l.file].bytes()[l.range.as_usize()],
+                            ),
+                        }
+                    }
+                    for p in &pieces {
+                        if let Piece::Range(l) = p {
+                            check_still_backed(&tree, l)?;
+                        }
+                    }
+                    Part::Owned(out)
+                }
             }
         }
         Content::Text { .. } => {

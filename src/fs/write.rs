@@ -61,7 +61,7 @@ fn wants_write(flags: i32) -> bool {
 }
 
 /// How large the content of a writable file may become, and why.
-fn size_limit(target: &WriteTarget, path: &str) -> (u64, String) {
+fn size_limit(target: &WriteTarget, path: &str, current: u64) -> (u64, String) {
     match target {
         WriteTarget::TensorBin { location, shape } => (
             location.range.len(),
@@ -88,6 +88,25 @@ fn size_limit(target: &WriteTarget, path: &str) -> (u64, String) {
         WriteTarget::Blob { .. } | WriteTarget::DelegatePayload { .. } => (
             MAX_RESIZABLE,
             format!("{path}: named data and delegate payloads grow to at most 16 GiB"),
+        ),
+        WriteTarget::PayloadConstant { location, what } => (
+            location.range.len(),
+            format!("{path} holds the {} bytes of {what}", location.range.len()),
+        ),
+        WriteTarget::PayloadConstantNpy { location, what, .. } => (
+            location.range.len() + NPY_HEADER_MAX,
+            format!(
+                "{path} holds a .npy header and the {} bytes of {what}",
+                location.range.len()
+            ),
+        ),
+        WriteTarget::Weights { .. } => (
+            current.saturating_add(crate::format::safetensors::MAX_HEADER),
+            format!("{path} holds its header and the bytes of the tensors it shows"),
+        ),
+        WriteTarget::PayloadConstantF32 { .. } => (
+            current.saturating_add(NPY_HEADER_MAX),
+            format!("{path} holds a .npy header and the float32 view it shows"),
         ),
     }
 }
@@ -131,7 +150,7 @@ impl Fs {
             .write
             .as_ref()
             .ok_or_else(|| self.not_writable(tree, ino))?;
-        let (limit, why) = size_limit(target, &tree.path(ino));
+        let (limit, why) = size_limit(target, &tree.path(ino), tree.size(ino));
         Ok(Staged::new(limit, why, self.spill_dir.clone()))
     }
 

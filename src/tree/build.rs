@@ -3,7 +3,10 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 
+use super::weights::WeightsFile;
+use super::xnnpack::{Decoded, Delegates};
 use super::{names, Content, Ino, Names, Node, TextCache, TextKind, Tree, ROOT, UNKNOWN_LEN};
+use crate::backend::xnnpack::placed::{locate, Placed};
 use crate::error::{Error, Result};
 use crate::format::layout::{FileIndex, Location, TensorData, TensorShape};
 use crate::format::{npy, scalar_type, Kind, Model, WriteTarget};
@@ -64,7 +67,7 @@ impl Builder {
     }
 
     /// Sorts the children of every directory by name, except those already in order.
-    fn finish(mut self, model: Arc<Model>, names: Names) -> Tree {
+    fn finish(mut self, model: Arc<Model>, names: Names, delegates: Delegates) -> Tree {
         for &(dir, ordered) in &self.dirs {
             let i = (dir - 1) as usize;
             if ordered {
@@ -88,6 +91,7 @@ impl Builder {
             names,
             sharing: OnceLock::new(),
             texts: TextCache::new(super::TEXT_CACHE_BUDGET),
+            delegates,
         }
     }
 }
@@ -201,14 +205,27 @@ fn add_segments(
     }
 }
 
-fn add_ptd(b: &mut Builder, model: &Model, names: &Names, root: Ino, file: FileIndex) {
+/// `weights.safetensors` of file `file`, at `dir` (DESIGN.md §2.8).
+fn add_weights(
+    b: &mut Builder, model: &Model, names: &Names, delegates: &Delegates, dir: Ino, file: FileIndex,
+) {
+    let w = Arc::new(WeightsFile::of(model, names, delegates, file));
+    let entries = w.entries.clone();
+    let ino = b.push(dir, "weights.safetensors".to_string(), Content::Weights(w));
+    b.node_mut(ino).write = Some(WriteTarget::Weights { entries });
+}
+
+fn add_ptd(
+    b: &mut Builder, model: &Model, names: &Names, delegates: &Delegates, root: Ino,
+    file: FileIndex,
+) {
     let ptd = model.ptd(file).expect("a .ptd");
     b.text(root, "header.json", TextKind::HeaderJson(file));
     b.text(root, "flat_tensor.json", TextKind::FlatTensorJson(file));
     let nd_dir = b.dir(root, "named_data");
-    let names = &names.named_data[file];
+    let nd_names = &names.named_data[file];
     for (k, blob) in model.ptd_blobs[file].iter().flatten().enumerate() {
-        let base = &names[k];
+        let base = &nd_names[k];
         b.push(
             nd_dir,
             file_name(base, ".json"),
@@ -234,6 +251,7 @@ fn add_ptd(b: &mut Builder, model: &Model, names: &Names, root: Ino, file: FileI
         }
     }
     add_segments(b, root, file, &ptd.segments);
+    add_weights(b, model, names, delegates, root, file);
 }
 
 /// `plans/<name>/values/`: every value's `.json`, and the `.bin` and `.npy` of tensors whose
@@ -273,7 +291,100 @@ fn add_values(b: &mut Builder, plan_dir: Ino, p: usize, tensors: &[Option<Tensor
     b.set_children(values, children);
 }
 
-fn add_pte(b: &mut Builder, model: &Model, names: &Names, root: Ino) {
+/// The nodes of one value of a decoded XNNPACK payload: its `.json`, and for a constant
+/// whose bytes are at hand its `.bin`, `.npy` and (quantized, fp16, bf16) `.f32.npy`.
+fn xnnpack_value_nodes(
+    model: &Model, dec: &Decoded, dir: Ino, p: usize, j: usize, k: usize,
+) -> Vec<Node> {
+    let v = &dec.graph.values[k];
+    let mut buf = [0u8; 20];
+    let base = names::decimal(u64::from(v.id), &mut buf).to_string();
+    let mut out = vec![node(
+        dir,
+        file_name(&base, ".json"),
+        text(TextKind::XnnValueJson(p, j, k)),
+        None,
+    )];
+    let Some(location) = v
+        .constant
+        .as_ref()
+        .and_then(|c| locate(model, dec.payload, c))
+    else {
+        return out;
+    };
+    let what: Arc<str> = v.describe().into();
+    out.push(node(
+        dir,
+        file_name(&base, ".bin"),
+        Content::Range(location),
+        Some(WriteTarget::PayloadConstant {
+            location,
+            what: what.clone(),
+        }),
+    ));
+    // Whether a constant has a `.npy` and a `.f32.npy` depends on its datatype only, not on
+    // the size its bytes have now: a commit that resizes them leaves the tree's shape alone
+    // (reads of a view whose bytes no longer fit fail with EIO; check reports the size).
+    if let Some(descr) = v.datatype.numpy_descr() {
+        let shape: Arc<[u64]> = v.datatype.npy_shape(&v.dims).into();
+        out.push(node(
+            dir,
+            file_name(&base, ".npy"),
+            Content::Npy {
+                header: npy::header_from_dims(descr, shape.iter().copied()),
+                location,
+            },
+            Some(WriteTarget::PayloadConstantNpy {
+                location,
+                descr,
+                shape,
+                what,
+            }),
+        ));
+    }
+    if let Some(view) = Placed::f32_view(model, dec.payload, v, false) {
+        let writable = view.scales.is_some() || v.quant.is_some();
+        let write = writable.then_some(WriteTarget::PayloadConstantF32 {
+            plan: p,
+            delegate: j,
+            value: v.id,
+        });
+        out.push(node(
+            dir,
+            file_name(&base, ".f32.npy"),
+            Content::Dequantized {
+                header: super::xnnpack::f32_npy_header(&v.dims),
+                view: Arc::new(view),
+            },
+            write,
+        ));
+    }
+    out
+}
+
+/// `delegates/<j>/xnnpack/` of a payload that decoded (DESIGN.md §2.7).
+fn add_xnnpack(
+    b: &mut Builder, model: &Model, delegate_dir: Ino, p: usize, j: usize, dec: &Decoded,
+) {
+    let dir = b.dir(delegate_dir, "xnnpack");
+    b.text(dir, "header.json", TextKind::XnnHeader(p, j));
+    b.text(dir, "graph.json", TextKind::XnnGraphJson(p, j));
+    b.text(dir, "graph.txt", TextKind::XnnGraphTxt(p, j));
+    let values = b.dir(dir, "values");
+    for k in 0..dec.graph.values.len() {
+        for n in xnnpack_value_nodes(model, dec, values, p, j, k) {
+            b.push_node(n);
+        }
+    }
+}
+
+/// Adds the tree of a `.pte`; returns the delegate directories whose payloads decoded, for
+/// `add_xnnpack` to fill last: the nodes of a decoded payload depend on its bytes, and a
+/// commit that changes them must not move the inode numbers of every node after them.
+fn add_pte(
+    b: &mut Builder, model: &Model, names: &Names, delegates: &Delegates, root: Ino,
+) -> Vec<(Ino, usize, usize)> {
+    let mut decoded_dirs = Vec::new();
     let pte = model.pte().expect("a .pte");
     let layout = model.pte_layout.as_ref().expect("a resolved .pte");
     b.text(root, "header.json", TextKind::HeaderJson(0));
@@ -285,9 +396,9 @@ fn add_pte(b: &mut Builder, model: &Model, names: &Names, root: Ino) {
         b.text(plan_dir, "operators.txt", TextKind::Operators(p));
         b.text(plan_dir, "instructions.txt", TextKind::Instructions(p));
         add_values(b, plan_dir, p, &layout.plans[p].tensors);
-        let delegates = b.dir(plan_dir, "delegates");
+        let delegates_dir = b.dir(plan_dir, "delegates");
         for (j, loc) in layout.plans[p].delegates.iter().enumerate() {
-            let d = b.dir(delegates, &j.to_string());
+            let d = b.dir(delegates_dir, &j.to_string());
             b.text(d, "delegate.json", TextKind::DelegateJson(p, j));
             if let Ok(loc) = loc {
                 let ino = b.push(d, "processed.bin".to_string(), Content::Range(*loc));
@@ -296,6 +407,9 @@ fn add_pte(b: &mut Builder, model: &Model, names: &Names, root: Ino) {
                     plan: p,
                     delegate: j,
                 });
+            }
+            if delegates.get(p, j).is_some() {
+                decoded_dirs.push((d, p, j));
             }
         }
     }
@@ -321,26 +435,53 @@ fn add_pte(b: &mut Builder, model: &Model, names: &Names, root: Ino) {
         }
     }
     add_segments(b, root, 0, &pte.segments);
+    add_weights(b, model, names, delegates, root, 0);
     if model.files.len() > 1 {
         let data = b.dir(root, "data");
         for (k, name) in names.data.iter().enumerate() {
             let sub = b.dir(data, name);
-            add_ptd(b, model, names, sub, k + 1);
+            add_ptd(b, model, names, delegates, sub, k + 1);
         }
     }
+    decoded_dirs
 }
 
 /// The number of nodes `Tree::build` makes for `model`, counted from its tables without
 /// building anything (so a file too large for the limit is refused before it costs memory).
 pub fn node_count(model: &Model) -> u64 {
+    node_count_with(model, &Delegates::decode(model))
+}
+
+/// The nodes `add_xnnpack` makes for a decoded payload.
+fn xnnpack_node_count(model: &Model, dec: &Decoded) -> u64 {
+    // xnnpack/, header.json, graph.json, graph.txt, values/
+    let mut n = 5;
+    for v in &dec.graph.values {
+        n += 1;
+        if v.constant
+            .as_ref()
+            .and_then(|c| locate(model, dec.payload, c))
+            .is_none()
+        {
+            continue;
+        }
+        n += 1;
+        n += u64::from(v.datatype.numpy_descr().is_some());
+        n += u64::from(Placed::f32_view(model, dec.payload, v, false).is_some());
+    }
+    n
+}
+
+/// `node_count` with the payloads already decoded.
+fn node_count_with(model: &Model, delegates: &Delegates) -> u64 {
     let mut n: u64 = 1; // the root
     let segments = |file: &crate::format::ModelFile| match &file.kind {
         Kind::Pte(p) => p.segments.len() as u64,
         Kind::Ptd(p) => p.segments.len() as u64,
     };
     let ptd = |f: FileIndex| -> u64 {
-        // header.json, flat_tensor.json, named_data/, segments/
-        let mut n = 4 + segments(&model.files[f]);
+        // header.json, flat_tensor.json, named_data/, segments/, weights.safetensors
+        let mut n = 5 + segments(&model.files[f]);
         for blob in model.ptd_blobs[f].iter().flatten() {
             n += 1;
             if blob.location.is_ok() {
@@ -351,8 +492,8 @@ pub fn node_count(model: &Model) -> u64 {
     };
     match (&model.files[0].kind, &model.pte_layout) {
         (Kind::Pte(_), Some(layout)) => {
-            // header.json, program.json, plans/, named_data/, segments/
-            n += 5 + segments(&model.files[0]);
+            // header.json, program.json, plans/, named_data/, segments/, weights.safetensors
+            n += 6 + segments(&model.files[0]);
             for plan in &layout.plans {
                 // the directory, plan.json, operators.txt, instructions.txt, values/, delegates/
                 n += 6;
@@ -365,6 +506,9 @@ pub fn node_count(model: &Model) -> u64 {
                 for d in &plan.delegates {
                     n += 2 + u64::from(d.is_ok());
                 }
+            }
+            for ((_, _), dec) in delegates.iter() {
+                n += xnnpack_node_count(model, dec);
             }
             for loc in &layout.named_data {
                 n += 1 + u64::from(loc.is_ok());
@@ -384,16 +528,22 @@ pub fn node_count(model: &Model) -> u64 {
 impl Tree {
     /// The tree of `model`, unless it would have more than `max_nodes` nodes.
     pub fn build_limited(model: Arc<Model>, max_nodes: u64) -> Result<Tree> {
-        let n = node_count(&model);
+        let delegates = Delegates::decode(&model);
+        let n = node_count_with(&model, &delegates);
         if n > max_nodes {
             return Err(too_many_nodes(&model, n, max_nodes));
         }
-        Ok(Tree::build(model))
+        Ok(Tree::build_decoded(model, delegates))
     }
 
     /// The tree of `model`, however large.
     pub fn build(model: Arc<Model>) -> Tree {
-        let count = node_count(&model);
+        let delegates = Delegates::decode(&model);
+        Tree::build_decoded(model, delegates)
+    }
+
+    fn build_decoded(model: Arc<Model>, delegates: Delegates) -> Tree {
+        let count = node_count_with(&model, &delegates);
         let mut nodes = Vec::with_capacity(usize::try_from(count).unwrap_or(0));
         nodes.push(Node {
             name: String::new(),
@@ -407,15 +557,20 @@ impl Tree {
         };
         let names = Names::of(&model);
         match &model.files[0].kind {
-            Kind::Pte(_) => add_pte(&mut b, &model, &names, ROOT),
-            Kind::Ptd(_) => add_ptd(&mut b, &model, &names, ROOT, 0),
+            Kind::Pte(_) => {
+                for (dir, p, j) in add_pte(&mut b, &model, &names, &delegates, ROOT) {
+                    let dec = delegates.get(p, j).expect("listed because it decoded");
+                    add_xnnpack(&mut b, &model, dir, p, j, dec);
+                }
+            }
+            Kind::Ptd(_) => add_ptd(&mut b, &model, &names, &delegates, ROOT, 0),
         }
         debug_assert_eq!(
             b.nodes.len() as u64,
             count,
             "node_count and the builder differ"
         );
-        b.finish(model, names)
+        b.finish(model, names, delegates)
     }
 }
 

@@ -11,10 +11,13 @@ pub mod cache;
 pub mod names;
 pub mod render;
 pub mod sharing;
+pub mod weights;
+pub mod xnnpack;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use crate::backend::xnnpack::placed::Placed;
 use crate::format::layout::{FileIndex, Location, TensorShape};
 use crate::format::{Model, WriteTarget};
 
@@ -22,6 +25,8 @@ pub use build::{node_count, DEFAULT_MAX_NODES};
 pub use cache::{TextCache, TEXT_CACHE_BUDGET};
 pub use names::Names;
 pub use sharing::{Relation, Shared, SharingIndex};
+pub use weights::WeightsFile;
+pub use xnnpack::Delegates;
 
 pub type Ino = u64;
 pub const ROOT: Ino = 1;
@@ -38,6 +43,12 @@ pub enum TextKind {
     ValueJson(usize, usize),
     DelegateJson(usize, usize),
     NamedDataJson(FileIndex, usize),
+    /// `xnnpack/header.json` of delegate (plan, delegate).
+    XnnHeader(usize, usize),
+    XnnGraphJson(usize, usize),
+    XnnGraphTxt(usize, usize),
+    /// `xnnpack/values/<id>.json` of the value at this index of `xvalues`.
+    XnnValueJson(usize, usize, usize),
 }
 
 #[derive(Debug)]
@@ -50,12 +61,34 @@ pub enum Content {
         header: Vec<u8>,
         location: Location,
     },
+    /// A `.npy` of float32 values dequantized, per read, from a constant's bytes and scales.
+    Dequantized {
+        header: Vec<u8>,
+        view: Arc<Placed>,
+    },
+    /// `weights.safetensors`: a generated header, then ranges of a model file.
+    Weights(Arc<WeightsFile>),
     /// Generated text; its bytes live in the tree's `TextCache`.
     Text {
         kind: TextKind,
         /// The rendered length, or `UNKNOWN_LEN` until it was first rendered or counted.
         len: AtomicU64,
     },
+}
+
+impl Content {
+    /// The byte ranges of the model files this content is read from (what a commit that
+    /// changes them makes stale).
+    pub fn reads(&self) -> Vec<Location> {
+        match self {
+            Content::Range(l) | Content::Npy { location: l, .. } => vec![*l],
+            Content::Dequantized { view, .. } => {
+                std::iter::once(view.data).chain(view.scales).collect()
+            }
+            Content::Weights(w) => w.entries.iter().map(|e| e.location).collect(),
+            Content::Dir(_) | Content::Text { .. } => Vec::new(),
+        }
+    }
 }
 
 /// `Content::Text::len` of a text not rendered yet.
@@ -85,6 +118,8 @@ pub struct Tree {
     sharing: OnceLock<SharingIndex>,
     /// Rendered text, within a budget.
     texts: TextCache,
+    /// The decoded delegate payloads.
+    pub delegates: Delegates,
 }
 
 impl Tree {
@@ -286,6 +321,30 @@ impl Tree {
         };
         let location = match &node.content {
             Content::Range(l) | Content::Npy { location: l, .. } => *l,
+            Content::Dequantized { view, .. } => {
+                // The float32 view of a constant: where the constant's bytes are.
+                let dims: Vec<String> = view.layout.dims.iter().map(u32::to_string).collect();
+                let order: Vec<String> = (0..dims.len()).map(|d| d.to_string()).collect();
+                return vec![
+                    ("user.ptefs.dtype".to_string(), "fp32".to_string()),
+                    (
+                        "user.ptefs.shape".to_string(),
+                        format!("[{}]", dims.join(",")),
+                    ),
+                    (
+                        "user.ptefs.dim_order".to_string(),
+                        format!("[{}]", order.join(",")),
+                    ),
+                    (
+                        "user.ptefs.file".to_string(),
+                        self.model.files[view.data.file].path.display().to_string(),
+                    ),
+                    (
+                        "user.ptefs.offset".to_string(),
+                        view.data.range.start().to_string(),
+                    ),
+                ];
+            }
             _ => return Vec::new(),
         };
         let blob = |len: u64| TensorShape {
@@ -296,6 +355,35 @@ impl Tree {
         let shape = match &node.write {
             Some(WriteTarget::TensorBin { shape, .. } | WriteTarget::TensorNpy { shape, .. }) => {
                 Some(shape.clone())
+            }
+            Some(
+                WriteTarget::PayloadConstant { what, .. }
+                | WriteTarget::PayloadConstantNpy { what, .. },
+            ) => {
+                // "qbint4[64,64]": the payload's own datatype and dims.
+                let (dtype, dims) = what.split_once('[').unwrap_or((what, "]"));
+                let rank = dims
+                    .trim_end_matches(']')
+                    .split(',')
+                    .filter(|d| !d.is_empty())
+                    .count();
+                let order: Vec<String> = (0..rank).map(|d| d.to_string()).collect();
+                return vec![
+                    ("user.ptefs.dtype".to_string(), dtype.to_string()),
+                    ("user.ptefs.shape".to_string(), format!("[{dims}")),
+                    (
+                        "user.ptefs.dim_order".to_string(),
+                        format!("[{}]", order.join(",")),
+                    ),
+                    (
+                        "user.ptefs.file".to_string(),
+                        self.model.files[location.file].path.display().to_string(),
+                    ),
+                    (
+                        "user.ptefs.offset".to_string(),
+                        location.range.start().to_string(),
+                    ),
+                ];
             }
             Some(WriteTarget::Blob { .. } | WriteTarget::DelegatePayload { .. }) => {
                 Some(Arc::new(blob(location.range.len())))
@@ -335,6 +423,10 @@ impl Tree {
         match self.node(ino).map(|n| &n.content) {
             Some(Content::Range(loc)) => loc.range.len(),
             Some(Content::Npy { header, location }) => header.len() as u64 + location.range.len(),
+            Some(Content::Dequantized { header, view }) => {
+                header.len() as u64 + view.layout.numel() * 4
+            }
+            Some(Content::Weights(w)) => w.len,
             Some(Content::Text { kind, len }) => {
                 let known = len.load(Ordering::Relaxed);
                 if known != UNKNOWN_LEN {

@@ -14,7 +14,7 @@ use std::fmt::{self, Write};
 use serde_json::{json, Map, Value};
 
 use super::sharing::Shared;
-use super::{Ino, TextKind, Tree};
+use super::{xnnpack, Ino, TextKind, Tree};
 use crate::format::generated::{ptd_fb, pte_fb};
 use crate::format::layout::{Location, TensorData};
 use crate::format::range::ByteRange;
@@ -36,6 +36,22 @@ pub fn render(tree: &Tree, ino: Ino, kind: TextKind, out: &mut dyn Write) -> fmt
         TextKind::NamedDataJson(f, k) => to_text(&named_data_json(tree, ino, f, k), out),
         TextKind::Operators(p) => operators_txt(model, p, out),
         TextKind::Instructions(p) => instructions_txt(model, p, out),
+        TextKind::XnnHeader(p, j) => match tree.delegates.get(p, j) {
+            Some(dec) => to_text(&xnnpack::header_json(dec), out),
+            None => to_text(&Value::Null, out),
+        },
+        TextKind::XnnGraphJson(p, j) => match tree.delegates.get(p, j) {
+            Some(dec) => to_text(&xnnpack::graph_json(model, dec), out),
+            None => to_text(&Value::Null, out),
+        },
+        TextKind::XnnGraphTxt(p, j) => match tree.delegates.get(p, j) {
+            Some(dec) => out.write_str(&xnnpack::graph_txt(dec)),
+            None => Ok(()),
+        },
+        TextKind::XnnValueJson(p, j, k) => match tree.delegates.get(p, j) {
+            Some(dec) => to_text(&xnnpack::value_json(model, dec, k), out),
+            None => to_text(&Value::Null, out),
+        },
     }
 }
 
@@ -848,6 +864,22 @@ fn named_data_json(tree: &Tree, ino: Ino, file: usize, k: usize) -> Value {
     if matches!(model.files[file].kind, Kind::Ptd(_)) {
         m.insert("tensor_layout".into(), layout);
     }
+    // The values of decoded payloads that read this entry: a key found first in another
+    // file is read there, not here.
+    let uses = match key.as_deref() {
+        Some(key)
+            if model
+                .named_blob(key)
+                .is_some_and(|(f, i, _)| (f, i) == (file, k)) =>
+        {
+            tree.delegates.uses_of(key)
+        }
+        _ => &[],
+    };
+    m.insert(
+        "used_by".into(),
+        xnnpack::used_by_json(uses, &tree.names.plans),
+    );
     Value::Object(m)
 }
 

@@ -47,7 +47,16 @@ pub fn use_tree(tree: Tree) -> usize {
         if kind == FileType::Directory {
             continue;
         }
-        let bytes = read_all(&fs, ino, 1 << 20).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let bytes = match read_all(&fs, ino, 1 << 20) {
+            Ok(b) => b,
+            // A float32 view whose constant's bytes no longer fit its datatype (which check
+            // reports) cannot be dequantized.
+            Err(e) if path.ends_with(".f32.npy") && e.errno() == libc::EIO => {
+                assert!(!defects.is_empty(), "{path}: {e}, and check found nothing");
+                continue;
+            }
+            Err(e) => panic!("{path}: {e}"),
+        };
         assert_eq!(bytes.len() as u64, fs.getattr(ino).unwrap().size, "{path}");
         if path.ends_with(".json") {
             serde_json::from_slice::<serde_json::Value>(&bytes)

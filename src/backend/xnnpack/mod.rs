@@ -22,6 +22,7 @@ pub mod float16;
 pub mod graph;
 pub mod header;
 pub mod nodes;
+pub mod placed;
 pub mod quant;
 pub mod render;
 

@@ -1,0 +1,262 @@
+//! `weights.safetensors` (DESIGN.md §2.8): every distinct tensor whose bytes are in a model
+//! file, as one safetensors file that the Hugging Face / PyTorch tools read directly.
+//!
+//! Invariants: the header is generated once per tree and is deterministic (tensors sorted by
+//! file offset, then name; `__metadata__` maps each name to its tree path); the data part is
+//! the tensors' byte ranges of the model file, back to back, read from the mapping, never
+//! copied into the tree. A byte range shown by several tree files appears once.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::names::dedupe;
+use super::xnnpack::Delegates;
+use super::Names;
+use crate::backend::xnnpack::{Datatype, KeyRole};
+use crate::format::layout::{DataKind, FileIndex, Location, TensorShape};
+use crate::format::safetensors::{self, dtype_of, Entry};
+use crate::format::{Kind, Model};
+
+/// The `weights.safetensors` of one model file.
+#[derive(Debug)]
+pub struct WeightsFile {
+    pub header: Vec<u8>,
+    pub entries: Arc<[Entry]>,
+    /// Where each entry's bytes start in the virtual file (after the header).
+    starts: Vec<u64>,
+    pub len: u64,
+}
+
+/// dtype and shape of a tensor with a layout of its own.
+fn tensor_dtype(shape: &TensorShape, nbytes: u64) -> (&'static str, Vec<u64>) {
+    let physical = shape.physical_shape();
+    match (dtype_of(shape.scalar_type), physical) {
+        (Some((dtype, 1)), Some(dims)) => (dtype, dims),
+        (Some((dtype, factor)), Some(mut dims)) => {
+            dims.push(factor);
+            (dtype, dims)
+        }
+        _ => ("U8", vec![nbytes]),
+    }
+}
+
+/// dtype and shape of a blob an XNNPACK graph reads: the graph's datatype and dims (4-bit
+/// types as packed `U8`), scales by their dtype; else raw bytes.
+fn blob_dtype(delegates: &Delegates, key: &str, nbytes: u64) -> (&'static str, Vec<u64>) {
+    let raw = ("U8", vec![nbytes]);
+    let Some(u) = delegates.uses_of(key).first() else {
+        return raw;
+    };
+    let (dtype, shape) = match u.role {
+        KeyRole::Constant => {
+            let dt = u.datatype;
+            let dtype = match dt.numpy_descr() {
+                Some("<f4") => "F32",
+                Some("<f2") => "F16",
+                Some("|V2") => "BF16",
+                Some("<i4") => "I32",
+                Some("|i1") => "I8",
+                Some("|u1") => "U8",
+                _ => return raw,
+            };
+            (dtype, dt.npy_shape(&u.dims))
+        }
+        KeyRole::Scale => match u.datatype {
+            Datatype::QBINT4 => ("BF16", vec![nbytes / 2]),
+            _ => ("F32", vec![nbytes / 4]),
+        },
+    };
+    let size = safetensors::dtype_size(dtype).unwrap_or(1);
+    let fits = shape
+        .iter()
+        .try_fold(size, |n, &d| n.checked_mul(d))
+        .is_some_and(|n| n == nbytes);
+    if fits {
+        (dtype, shape)
+    } else {
+        raw
+    }
+}
+
+/// The tensors of file `file`, before naming and sorting: (preferred name, fallback name,
+/// dtype, shape, location, tree path).
+type Candidate = (
+    Option<String>,
+    String,
+    &'static str,
+    Vec<u64>,
+    Location,
+    String,
+);
+
+fn candidates(
+    model: &Model, names: &Names, delegates: &Delegates, file: FileIndex,
+) -> Vec<Candidate> {
+    let mut out = Vec::new();
+    let prefix = names.file_prefix(file);
+    match &model.files[file].kind {
+        Kind::Pte(pte) => {
+            let Some(layout) = &model.pte_layout else {
+                return out;
+            };
+            let plans = pte.program.execution_plan.as_deref().unwrap_or_default();
+            for (p, plan) in layout.plans.iter().enumerate() {
+                for (i, t) in plan.tensors.iter().enumerate() {
+                    let Some(t) = t else { continue };
+                    let Some(loc) = t.location.filter(|l| l.file == file) else {
+                        continue;
+                    };
+                    if t.kind == DataKind::External {
+                        continue;
+                    }
+                    let fqn = plans
+                        .get(p)
+                        .and_then(|pl| pl.values.as_deref()?.get(i))
+                        .and_then(|v| v.val.as_tensor())
+                        .and_then(|t| t.extra_tensor_info.as_ref()?.fully_qualified_name.clone())
+                        .filter(|n| !n.is_empty());
+                    let path = format!("plans/{}/values/{i}", names.plans[p]);
+                    let (dtype, shape) = tensor_dtype(&t.shape, loc.range.len());
+                    out.push((fqn, path.clone(), dtype, shape, loc, path));
+                }
+            }
+            for (k, loc) in layout.named_data.iter().enumerate() {
+                let Ok(loc) = loc else { continue };
+                let key = pte.program.named_data.as_deref().unwrap_or_default()[k]
+                    .key
+                    .clone()
+                    .unwrap_or_default();
+                let (dtype, shape) = blob_dtype(delegates, &key, loc.range.len());
+                let path = format!("named_data/{}", names.named_data[file][k]);
+                out.push((Some(key.clone()), key, dtype, shape, *loc, path));
+            }
+        }
+        Kind::Ptd(_) => {
+            for (k, blob) in model.ptd_blobs[file].iter().flatten().enumerate() {
+                let Ok(loc) = blob.location else { continue };
+                let (dtype, shape) = match &blob.tensor {
+                    Some(shape) => tensor_dtype(shape, loc.range.len()),
+                    None => blob_dtype(delegates, &blob.key, loc.range.len()),
+                };
+                let path = format!("{prefix}named_data/{}", names.named_data[file][k]);
+                out.push((
+                    Some(blob.key.clone()),
+                    blob.key.clone(),
+                    dtype,
+                    shape,
+                    loc,
+                    path,
+                ));
+            }
+        }
+    }
+    out
+}
+
+impl WeightsFile {
+    /// The `weights.safetensors` of file `file` of `model`.
+    pub fn of(model: &Model, names: &Names, delegates: &Delegates, file: FileIndex) -> WeightsFile {
+        let mut found = candidates(model, names, delegates, file);
+        // One entry per byte range: the first in tree order, preferring a name of its own
+        // (a fully qualified name or a key) over a tree path.
+        let mut by_range: HashMap<Location, usize> = HashMap::new();
+        let mut kept: Vec<Candidate> = Vec::new();
+        for c in found.drain(..) {
+            match by_range.get(&c.4) {
+                Some(&at) => {
+                    if kept[at].0.is_none() && c.0.is_some() {
+                        kept[at].0 = c.0;
+                    }
+                }
+                None => {
+                    by_range.insert(c.4, kept.len());
+                    kept.push(c);
+                }
+            }
+        }
+        kept.sort_by(|a, b| (a.4.range.start(), &a.1).cmp(&(b.4.range.start(), &b.1)));
+        let unique = dedupe(
+            kept.iter()
+                .map(|c| c.0.clone().unwrap_or_else(|| c.1.clone())),
+        );
+        let entries: Vec<Entry> = kept
+            .into_iter()
+            .zip(unique)
+            .map(|((_, _, dtype, shape, location, path), name)| Entry {
+                name,
+                dtype,
+                shape,
+                location,
+                path,
+            })
+            .collect();
+        let tensors: Vec<(String, &str, Vec<u64>, u64)> = entries
+            .iter()
+            .map(|e| {
+                (
+                    e.name.clone(),
+                    e.dtype,
+                    e.shape.clone(),
+                    e.location.range.len(),
+                )
+            })
+            .collect();
+        let metadata: Vec<(String, String)> = entries
+            .iter()
+            .map(|e| (e.name.clone(), e.path.clone()))
+            .collect();
+        let header = safetensors::header(&tensors, &metadata);
+        let mut starts = Vec::with_capacity(entries.len());
+        let mut at = header.len() as u64;
+        for e in &entries {
+            starts.push(at);
+            at += e.location.range.len();
+        }
+        WeightsFile {
+            header,
+            entries: entries.into(),
+            starts,
+            len: at,
+        }
+    }
+
+    /// The pieces that bytes `[offset, offset + size)` of the virtual file are made of: the
+    /// header's, then ranges of the model files, in order.
+    pub fn pieces(&self, offset: u64, size: u32) -> Vec<Piece<'_>> {
+        let end = offset.saturating_add(u64::from(size)).min(self.len);
+        let mut at = offset.min(end);
+        let mut out = Vec::new();
+        let h = self.header.len() as u64;
+        if at < h {
+            let stop = end.min(h);
+            out.push(Piece::Header(&self.header[at as usize..stop as usize]));
+            at = stop;
+        }
+        if at >= end {
+            return out;
+        }
+        // The entry holding `at`: the last start at or before it.
+        let mut k = self.starts.partition_point(|&s| s <= at).saturating_sub(1);
+        while at < end && k < self.entries.len() {
+            let e = &self.entries[k];
+            let start = self.starts[k];
+            let within = at - start;
+            let n = (e.location.range.len() - within).min(end - at);
+            if n > 0 {
+                out.push(Piece::Range(Location {
+                    file: e.location.file,
+                    range: e.location.range.slice_from(within, n),
+                }));
+            }
+            at += n;
+            k += 1;
+        }
+        out
+    }
+}
+
+/// Part of a read of `weights.safetensors`.
+pub enum Piece<'a> {
+    Header(&'a [u8]),
+    Range(Location),
+}
