@@ -9,10 +9,10 @@
 //! trusted; the model is replaced only by `renameat` within that directory, after checking
 //! that its name still names the mounted file.
 
-use std::ffi::CString;
+use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
 
 use crate::error::{Error, Result};
@@ -22,11 +22,41 @@ use crate::format::ModelFile;
 pub struct Beside<'a> {
     model: &'a ModelFile,
     dir: &'a File,
-    name: String,
 }
 
-fn c_name(name: &str) -> Result<CString> {
-    CString::new(name).map_err(|_| Error::invalid(format!("{name:?}: a file name with NUL")))
+/// The longest file name most Linux file systems accept, in bytes.
+pub const NAME_MAX: usize = 255;
+
+/// `.<model name><suffix>`, as bytes (the model's name need not be UTF-8). A model name too
+/// long for that to fit is cut and followed by a hash of the whole name, so the result is
+/// still a valid name, the same for the same model, and distinct for distinct models.
+pub fn name_for(model_name: &OsStr, suffix: &str) -> OsString {
+    let name = model_name.as_bytes();
+    let mut out = Vec::with_capacity(NAME_MAX);
+    out.push(b'.');
+    if 1 + name.len() + suffix.len() <= NAME_MAX {
+        out.extend_from_slice(name);
+    } else {
+        let hash = format!("~{:016x}", fnv1a(name));
+        let keep = NAME_MAX.saturating_sub(1 + hash.len() + suffix.len());
+        out.extend_from_slice(&name[..keep.min(name.len())]);
+        out.extend_from_slice(hash.as_bytes());
+    }
+    out.extend_from_slice(suffix.as_bytes());
+    OsString::from_vec(out)
+}
+
+/// FNV-1a, 64 bits: stable across builds and platforms, which a name found again after a
+/// restart needs (std's hasher is not).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn c_name(name: &OsStr) -> Result<CString> {
+    CString::new(name.as_bytes())
+        .map_err(|_| Error::invalid(format!("{name:?}: a file name with NUL")))
 }
 
 fn last_error(what: impl std::fmt::Display) -> Error {
@@ -41,27 +71,28 @@ impl<'a> Beside<'a> {
                 format!("{}: its directory is not open", model.path.display()),
             )
         })?;
-        let name = model
-            .path
-            .file_name()
-            .map(|n| String::from_utf8_lossy(n.as_bytes()).into_owned())
-            .ok_or_else(|| Error::invalid(format!("{}: no file name", model.path.display())))?;
-        Ok(Beside { model, dir, name })
+        if model.name.is_empty() {
+            return Err(Error::invalid(format!(
+                "{}: no file name",
+                model.path.display()
+            )));
+        }
+        Ok(Beside { model, dir })
     }
 
-    /// The model's file name.
-    pub fn model_name(&self) -> &str {
-        &self.name
+    /// The model's file name in its directory.
+    pub fn model_name(&self) -> &OsStr {
+        &self.model.name
     }
 
     /// `<dir>/<name>`, for messages.
-    pub fn shown(&self, name: &str) -> String {
+    pub fn shown(&self, name: &OsStr) -> String {
         self.model.path.with_file_name(name).display().to_string()
     }
 
     /// Creates `name` for writing: it must not exist in any form. Mode 0600, owned by the
     /// model's owner.
-    pub fn create(&self, name: &str) -> Result<File> {
+    pub fn create(&self, name: &OsStr) -> Result<File> {
         let c = c_name(name)?;
         let flags =
             libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_RDWR | libc::O_CLOEXEC;
@@ -91,7 +122,7 @@ impl<'a> Beside<'a> {
 
     /// Opens an existing `name` for reading without following a link and without blocking
     /// on a FIFO; `None` when nothing has that name.
-    pub fn open_existing(&self, name: &str) -> Result<Option<File>> {
+    pub fn open_existing(&self, name: &OsStr) -> Result<Option<File>> {
         let c = c_name(name)?;
         let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
         // SAFETY: a valid directory descriptor and C string.
@@ -112,7 +143,7 @@ impl<'a> Beside<'a> {
     }
 
     /// Removes `name` (a link is removed, not followed).
-    pub fn remove(&self, name: &str) -> Result<()> {
+    pub fn remove(&self, name: &OsStr) -> Result<()> {
         let c = c_name(name)?;
         // SAFETY: a valid directory descriptor and C string.
         if unsafe { libc::unlinkat(self.dir.as_raw_fd(), c.as_ptr(), 0) } != 0 {
@@ -142,10 +173,10 @@ impl<'a> Beside<'a> {
     }
 
     /// Renames `name` over the model, once the model's name still names the mounted file.
-    pub fn replace_model(&self, name: &str) -> Result<()> {
+    pub fn replace_model(&self, name: &OsStr) -> Result<()> {
         self.check_model_named()?;
         let from = c_name(name)?;
-        let to = c_name(&self.name)?;
+        let to = c_name(&self.model.name)?;
         let dir = self.dir.as_raw_fd();
         // SAFETY: valid descriptors and C strings.
         if unsafe { libc::renameat(dir, from.as_ptr(), dir, to.as_ptr()) } != 0 {
@@ -156,5 +187,29 @@ impl<'a> Beside<'a> {
             )));
         }
         self.sync()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_beside_a_model_always_fit_and_stay_distinct() {
+        let short = name_for(OsStr::new("m.pte"), ".ptefs-journal");
+        assert_eq!(short, OsStr::new(".m.pte.ptefs-journal"));
+        let long_a = OsString::from_vec(vec![b'a'; 250]);
+        let mut long_b = long_a.clone().into_vec();
+        long_b[249] = b'b';
+        let long_b = OsString::from_vec(long_b);
+        let a = name_for(&long_a, ".ptefs-journal");
+        let b = name_for(&long_b, ".ptefs-journal");
+        assert_eq!(a.len(), NAME_MAX);
+        assert_eq!(b.len(), NAME_MAX);
+        assert_ne!(a, b);
+        assert_eq!(a, name_for(&long_a, ".ptefs-journal"));
+        // Not UTF-8: kept as bytes.
+        let raw = OsStr::from_bytes(b"m\xff.pte");
+        assert_eq!(name_for(raw, ".x").as_bytes(), b".m\xff.pte.x");
     }
 }

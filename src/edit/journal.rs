@@ -15,12 +15,13 @@
 //! file of the model's size, and covers only ranges an in-place commit may write; any other
 //! journal refuses the mount and is left where it is.
 
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use super::beside::Beside;
+use super::beside::{name_for, Beside};
 use super::source::Source;
 use crate::error::{Error, Result};
 use crate::format::range::ByteRange;
@@ -34,17 +35,13 @@ const RANGE_LEN: u64 = 16;
 const CRC_LEN: u64 = 4;
 
 /// `.<name>.ptefs-journal`: the journal of file `name`.
-pub fn journal_name(model_name: &str) -> String {
-    format!(".{model_name}.ptefs-journal")
+pub fn journal_name(model_name: &OsStr) -> OsString {
+    name_for(model_name, ".ptefs-journal")
 }
 
 /// The journal's path beside `path`.
 pub fn journal_path(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(journal_name(&name))
+    path.with_file_name(journal_name(path.file_name().unwrap_or_default()))
 }
 
 /// One range of a commit: its offset in the file and its new bytes.
@@ -393,7 +390,7 @@ pub fn recover(path: &Path) -> Result<Recovery> {
     })
 }
 
-fn discard(beside: &Beside, name: &str, why: String) -> Result<Recovery> {
+fn discard(beside: &Beside, name: &OsStr, why: String) -> Result<Recovery> {
     beside.remove(name)?;
     beside.sync()?;
     Ok(Recovery::Discarded(why))

@@ -9,14 +9,16 @@
 //! `beside`), and is renamed over the model only while the model's name still names the
 //! mounted file.
 
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{Seek, SeekFrom, Write};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::beside::Beside;
+use super::beside::{name_for, Beside, NAME_MAX};
 use super::source::Source;
 use super::validate::Change;
 use crate::error::{Error, Result};
@@ -33,20 +35,28 @@ use crate::format::{Kind, Model, ModelFile};
 const DEFAULT_SEGMENT_ALIGNMENT: u64 = 128;
 const MAX_ALIGNMENT: u64 = 1 << 16;
 
-/// `.<name>.ptefs-new.`: how the names of new files of model `name` start.
-fn temp_prefix(model_name: &str) -> String {
-    format!(".{model_name}.ptefs-new.")
+/// Room kept at the end of a new file's name for `<pid>.<counter>`.
+const MAX_UNIQUE_TAIL: usize = 28;
+
+/// `.<name>.ptefs-new.`: how the names of new files of model `name` start (cut so that
+/// the unique tail always fits).
+fn temp_prefix(model_name: &OsStr) -> Vec<u8> {
+    let mut prefix = name_for(model_name, ".ptefs-new.").into_vec();
+    prefix.truncate(NAME_MAX - MAX_UNIQUE_TAIL);
+    prefix
 }
 
 /// A name for a new file of model `name` that no earlier commit used.
-fn temp_name(model_name: &str) -> String {
+fn temp_name(model_name: &OsStr) -> OsString {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{}{}.{}",
-        temp_prefix(model_name),
+    let unique = format!(
+        "{}.{}",
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
-    )
+    );
+    let mut name = temp_prefix(model_name);
+    name.extend_from_slice(unique.as_bytes());
+    OsString::from_vec(name)
 }
 
 /// New files of an interrupted re-layout of `path` left in its directory.
@@ -54,12 +64,12 @@ pub fn leftovers(path: &Path) -> Vec<PathBuf> {
     let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
         return Vec::new();
     };
-    let prefix = temp_prefix(&name.to_string_lossy());
+    let prefix = temp_prefix(name);
     std::fs::read_dir(dir)
         .map(|entries| {
             entries
                 .flatten()
-                .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                .filter(|e| e.file_name().as_bytes().starts_with(&prefix))
                 .map(|e| e.path())
                 .collect()
         })
@@ -457,10 +467,7 @@ pub fn remove_stale(path: &Path) -> Vec<String> {
         .map(|m| m.uid());
     let mut said = Vec::new();
     for p in found {
-        let name = p
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let name = p.file_name().unwrap_or_default();
         let ours = std::fs::symlink_metadata(&p)
             .is_ok_and(|m| m.file_type().is_file() && Some(m.uid()) == owner);
         if !ours {
@@ -468,7 +475,7 @@ pub fn remove_stale(path: &Path) -> Vec<String> {
                 "{}: left alone: not a regular file of the model's owner, so not left by a ptefs re-layout",
                 p.display()
             ));
-        } else if beside.remove(&name).is_ok() {
+        } else if beside.remove(name).is_ok() {
             said.push(format!(
                 "{}: removed {} left by an interrupted re-layout; the file is unchanged",
                 path.display(),

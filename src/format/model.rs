@@ -5,9 +5,13 @@
 //! mapped for as long as it lives.
 
 use std::collections::HashMap;
+use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 
@@ -54,9 +58,13 @@ pub struct ModelFile {
     /// The descriptor the file was mapped from: commits write through it (when it was
     /// opened for writing), never through the path, which another process may repoint.
     pub file: Option<File>,
-    /// The directory holding the file, opened with it: files beside the model (journals,
-    /// re-layout files) are created relative to it.
-    pub dir: Option<File>,
+    /// The directory holding the file, opened before it (the file is opened relative to it,
+    /// so the two always go together): files beside the model (journals, re-layout files)
+    /// are created relative to it, and the file is opened again through it, never through
+    /// its path.
+    pub dir: Option<Arc<File>>,
+    /// The file's name in `dir`, as bytes.
+    pub name: OsString,
     /// Device and inode of `file`, to tell whether `path` still names it.
     pub identity: Option<(u64, u64)>,
     /// Whether `file` was opened for writing.
@@ -73,13 +81,64 @@ impl std::fmt::Debug for ModelFile {
     }
 }
 
-/// Opens `path` without following a symbolic link in its last component.
-fn open_nofollow(path: &Path, writable: bool) -> std::io::Result<File> {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(writable)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
+/// Device and inode of `name` in `dir`, without following a link.
+pub fn stat_in(dir: &File, name: &OsStr) -> std::io::Result<(u64, u64)> {
+    let c = CString::new(name.as_bytes())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "a NUL in the name"))?;
+    // SAFETY: zeroed memory is a valid stat buffer.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid directory descriptor, C string and stat buffer.
+    if unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    } != 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// Opens `name` in directory `dir` without following a link.
+fn open_in(dir: &File, name: &OsStr, writable: bool) -> std::io::Result<File> {
+    let c = CString::new(name.as_bytes())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "a NUL in the name"))?;
+    let access = if writable {
+        libc::O_RDWR
+    } else {
+        libc::O_RDONLY
+    };
+    // SAFETY: a valid directory descriptor and C string.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            access | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just opened and owned here alone.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// Opens `name` in `dir` for writing when `writable` and allowed, else for reading; says
+/// which it got.
+fn open_in_best(dir: &File, name: &OsStr, writable: bool) -> std::io::Result<(File, bool)> {
+    if !writable {
+        return open_in(dir, name, false).map(|f| (f, false));
+    }
+    match open_in(dir, name, true) {
+        Ok(f) => Ok((f, true)),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EROFS)) => {
+            open_in(dir, name, false).map(|f| (f, false))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 impl ModelFile {
@@ -96,38 +155,44 @@ impl ModelFile {
 
     fn open_with(path: &Path, writable: bool) -> Result<ModelFile, FormatError> {
         let shown = path.display();
-        // Absolute, so that xattrs and JSON name a path usable from any directory, and free
-        // of links: later opens of this path do not follow one planted at its end.
-        let path = path
-            .canonicalize()
-            .map_err(|e| FormatError::new(format!("{shown}: cannot open: {e}")))?;
-        let shown = path.display();
-        let opened = if writable {
-            open_nofollow(&path, true).map(|f| (f, true)).or_else(|e| {
-                if e.raw_os_error() == Some(libc::EACCES) || e.raw_os_error() == Some(libc::EROFS) {
-                    open_nofollow(&path, false).map(|f| (f, false))
-                } else {
-                    Err(e)
-                }
-            })
-        } else {
-            open_nofollow(&path, false).map(|f| (f, false))
+        let cannot = |e: std::io::Error| FormatError::new(format!("{shown}: cannot open: {e}"));
+        // Absolute, so that xattrs and JSON name a path usable from any directory.
+        let path = path.canonicalize().map_err(cannot)?;
+        let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+            return Err(FormatError::new(format!("{shown}: not a file")));
         };
-        let (file, writable) =
-            opened.map_err(|e| FormatError::new(format!("{shown}: cannot open: {e}")))?;
-        let dir = path.parent().and_then(|d| {
-            std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
-                .open(d)
-                .ok()
-        });
-        ModelFile::from_file(path, file, dir, writable)
+        // The directory first, then the file in it: another process swapping a directory
+        // of the path in between cannot make the two disagree.
+        let dir = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(parent)
+            .map_err(cannot)?;
+        let (file, writable) = open_in_best(&dir, name, writable).map_err(cannot)?;
+        let name = name.to_os_string();
+        ModelFile::from_file(path, file, Some((Arc::new(dir), name)), writable)
     }
 
-    /// Maps and parses an open file known as `path` (in directory `dir`).
+    /// Opens the same file again, through the directory it was opened in (after a commit
+    /// renamed a new file over its name).
+    pub fn reopen(&self) -> Result<ModelFile, FormatError> {
+        let Some(dir) = &self.dir else {
+            return ModelFile::open_with(&self.path, self.writable);
+        };
+        let shown = self.path.display();
+        let (file, writable) = open_in_best(dir, &self.name, self.writable)
+            .map_err(|e| FormatError::new(format!("{shown}: cannot open: {e}")))?;
+        ModelFile::from_file(
+            self.path.clone(),
+            file,
+            Some((dir.clone(), self.name.clone())),
+            writable,
+        )
+    }
+
+    /// Maps and parses an open file known as `path` (name `.1` in directory `.0`).
     pub fn from_file(
-        path: PathBuf, file: File, dir: Option<File>, writable: bool,
+        path: PathBuf, file: File, dir: Option<(Arc<File>, OsString)>, writable: bool,
     ) -> Result<ModelFile, FormatError> {
         let shown = path.display();
         let meta = file
@@ -150,12 +215,17 @@ impl ModelFile {
             Backing::Owned(v) => v,
         };
         let kind = Kind::parse(bytes).map_err(|e| FormatError::new(format!("{shown}: {e}")))?;
+        let (dir, name) = match dir {
+            Some((d, n)) => (Some(d), n),
+            None => (None, path.file_name().unwrap_or_default().to_os_string()),
+        };
         Ok(ModelFile {
             identity: Some((meta.dev(), meta.ino())),
             path,
             kind,
             file: Some(file),
             dir,
+            name,
             writable,
             backing,
         })
@@ -164,16 +234,14 @@ impl ModelFile {
     /// Whether `path` still names the file that was opened (another process may have
     /// renamed a different file over it); `Err` says what it names now.
     pub fn still_named(&self) -> Result<(), String> {
-        let Some((dev, ino)) = self.identity else {
+        let (Some((dev, ino)), Some(dir)) = (self.identity, &self.dir) else {
             return Ok(());
         };
-        match std::fs::symlink_metadata(&self.path) {
-            Ok(m) if m.dev() == dev && m.ino() == ino => Ok(()),
-            Ok(m) => Err(format!(
-                "{} was replaced under the mount (it now names inode {} on device {}, the mount has inode {ino} on device {dev})",
-                self.path.display(),
-                m.ino(),
-                m.dev()
+        match stat_in(dir, &self.name) {
+            Ok((d, i)) if (d, i) == (dev, ino) => Ok(()),
+            Ok((d, i)) => Err(format!(
+                "{} was replaced under the mount (it now names inode {i} on device {d}, the mount has inode {ino} on device {dev})",
+                self.path.display()
             )),
             Err(e) => Err(format!(
                 "{} no longer names the mounted file: {e}",
@@ -204,6 +272,7 @@ impl ModelFile {
             kind,
             file: None,
             dir: None,
+            name: path.file_name().unwrap_or_default().to_os_string(),
             identity: None,
             writable: false,
             backing: Backing::Owned(bytes),
@@ -335,11 +404,15 @@ impl Model {
         Ok(model)
     }
 
-    /// Opens the same files again, as they were opened (after a commit rewrote one).
+    /// Opens the same files again, as they were opened and through the same directories
+    /// (after a commit rewrote one).
     pub fn reopen(&self) -> Result<Model, FormatError> {
-        let paths = self.paths();
-        let writable = self.files.iter().any(|f| f.writable);
-        Model::open_with(&paths[0], &paths[1..], writable)
+        let files = self
+            .files
+            .iter()
+            .map(ModelFile::reopen)
+            .collect::<Result<Vec<_>, _>>()?;
+        Model::from_files(files)
     }
 
     /// The paths of the files, in their order.
