@@ -259,6 +259,44 @@ fn partial_writes_and_truncate_stage_until_close() {
     assert_eq!(std::fs::read(&c.model).unwrap(), want);
 }
 
+/// `cmd > blob`: the shell opens with O_TRUNC and closes a duplicate before `cmd` writes.
+/// That close must not commit an empty blob; the writes and the last close commit once.
+#[test]
+fn a_close_after_only_an_o_trunc_open_commits_nothing_yet() {
+    // A blob without tensor layout takes any size.
+    let c = copy_fixture("linear_xnnpack.pte");
+    let fs = open(&c, false);
+    let blob = "named_data/c334654b3c2b5c6c9ebe2972333ab16f450e370464bf749ea5f0c657f2c5a8f8.bin";
+    let ino = fs.tree().find(blob).unwrap();
+    let before = std::fs::read(&c.model).unwrap();
+    let fh = fs.open(ino, libc::O_WRONLY | libc::O_TRUNC).unwrap().fh;
+    fs.flush(fh).unwrap();
+    assert_eq!(std::fs::read(&c.model).unwrap(), before, "the first close");
+    let new = pattern(20, 3);
+    fs.write(fh, 0, &new).unwrap();
+    fs.flush(fh).unwrap();
+    fs.release(fh).unwrap();
+    assert_eq!(read_all(&fs, fs.tree().find(blob).unwrap()), new);
+
+    // `: > blob` empties it, at the last close.
+    let ino = fs.tree().find(blob).unwrap();
+    let fh = fs.open(ino, libc::O_WRONLY | libc::O_TRUNC).unwrap().fh;
+    fs.flush(fh).unwrap();
+    assert_eq!(fs.getattr(ino).unwrap().size, 20);
+    fs.release(fh).unwrap();
+    assert_eq!(fs.getattr(fs.tree().find(blob).unwrap()).unwrap().size, 0);
+
+    // A tensor cannot be empty: the close says so, and nothing is written.
+    let c = copy_fixture("linear.pte");
+    let fs = open(&c, false);
+    let before = std::fs::read(&c.model).unwrap();
+    let ino = fs.tree().find("plans/forward/values/0.bin").unwrap();
+    let fh = fs.open(ino, libc::O_WRONLY | libc::O_TRUNC).unwrap().fh;
+    assert_eq!(fs.flush(fh).unwrap_err().errno(), libc::EINVAL);
+    fs.release(fh).unwrap();
+    assert_eq!(std::fs::read(&c.model).unwrap(), before);
+}
+
 #[test]
 fn editor_save_through_scratch_file_commits_on_rename() {
     let c = copy_fixture("linear.pte");

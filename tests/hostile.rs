@@ -140,6 +140,104 @@ fn other_users_get_no_more_than_the_model_file_allows() {
     assert!(ok, "{err}");
 }
 
+/// The `system.posix_acl_access` value that gives `uid` no rights on a `0644` file.
+fn acl_denying(uid: u32) -> String {
+    let mut raw = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in [
+        (0x01u16, 6u16, u32::MAX),
+        (0x02, 0, uid),
+        (0x04, 4, u32::MAX),
+        (0x10, 4, u32::MAX),
+        (0x20, 4, u32::MAX),
+    ] {
+        raw.extend_from_slice(&tag.to_le_bytes());
+        raw.extend_from_slice(&perm.to_le_bytes());
+        raw.extend_from_slice(&id.to_le_bytes());
+    }
+    format!("0x{}", hex(&raw))
+}
+
+/// Waits (at most 10 s) until `path` shows owner `uid`: the daemon checks every second.
+fn shows_owner(path: &Path, uid: u32) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::metadata(path).unwrap().uid() != uid {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} still shows owner {} after a chown of the model",
+            path.display(),
+            std::fs::metadata(path).unwrap().uid()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// Root's daemon opens every file it shows; each open is checked as the kernel would check
+/// a direct open of the files behind the node, for the user who asks.
+#[test]
+fn a_user_gets_through_the_mount_what_they_get_from_the_files() {
+    if fuse_missing() {
+        return;
+    }
+    let user = other_user();
+    let q = |p: &Path| format!("'{}'", p.display());
+    let m = Mount::new(&linear(), &[], &["-o", "allow_other"]);
+    open_to_all(&m);
+    let t = m.path(TENSOR);
+    let new = m.dir.path().join("new.bin");
+    std::fs::write(&new, pattern(48, 9)).unwrap();
+    std::fs::set_permissions(&new, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let write = format!("cat {} > {}", q(&new), q(&t));
+
+    // The model is theirs, its directory is not: a commit would create files there.
+    std::os::unix::fs::chown(&m.model, Some(user.0), Some(user.1)).unwrap();
+    shows_owner(&t, user.0);
+    let before = std::fs::read(&m.model).unwrap();
+    let (ok, err) = sh(Some(user), &write);
+    assert!(!ok && err.contains("Permission denied"), "{err}");
+    assert_eq!(std::fs::read(&m.model).unwrap(), before);
+
+    // Their directory too: they write, as they could without ptefs.
+    std::os::unix::fs::chown(m.dir.path(), Some(user.0), Some(user.1)).unwrap();
+    let (ok, err) = sh(Some(user), &write);
+    assert!(ok, "{err}");
+    assert_eq!(std::fs::read(&t).unwrap(), pattern(48, 9));
+
+    // Given back to root, and an access ACL denying them: a direct read fails, and so does
+    // a read through the mount, though the mode alone would allow it.
+    std::os::unix::fs::chown(&m.model, Some(0), Some(0)).unwrap();
+    std::os::unix::fs::chown(m.dir.path(), Some(0), Some(0)).unwrap();
+    shows_owner(&t, 0);
+    let set = run(Command::new("setfattr")
+        .args(["-n", "system.posix_acl_access", "-v"])
+        .arg(acl_denying(user.0))
+        .arg(&m.model));
+    assert!(set.status.success(), "setfattr: {}", text(&set.stderr));
+    let (ok, _) = sh(Some(user), &format!("cat {} > /dev/null", q(&m.model)));
+    assert!(!ok, "setup: the ACL does not deny a direct read");
+    let (ok, err) = sh(Some(user), &format!("cat {} > /dev/null", q(&t)));
+    assert!(!ok && err.contains("Permission denied"), "{err}");
+
+    // A directory above the model they cannot search hides it as it would without ptefs.
+    run(Command::new("setfattr")
+        .args(["-x", "system.posix_acl_access"])
+        .arg(&m.model));
+    let (ok, err) = sh(Some(user), &format!("cat {} > /dev/null", q(&t)));
+    assert!(ok, "{err}");
+    let mut m = m;
+    m.umount();
+    let models = m.dir.path().join("models");
+    std::fs::create_dir(&models).unwrap();
+    let moved = models.join(m.model.file_name().unwrap());
+    std::fs::rename(&m.model, &moved).unwrap();
+    m.model = moved;
+    m.mount();
+    let (ok, err) = sh(Some(user), &format!("cat {} > /dev/null", q(&t)));
+    assert!(ok, "{err}");
+    std::fs::set_permissions(&models, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let (ok, err) = sh(Some(user), &format!("cat {} > /dev/null", q(&t)));
+    assert!(!ok && err.contains("Permission denied"), "{err}");
+}
+
 #[test]
 fn links_planted_beside_the_model_are_never_written_through() {
     if fuse_missing() {

@@ -378,9 +378,20 @@ fn check_fixture(fx: &Fixture) -> Vec<String> {
         err(format!("ls -lR failed: {}", text(&ls.stderr)));
     }
 
-    // Modes, owner and times.
-    let backing = std::fs::metadata(&m.model).unwrap();
+    // Modes, owner and times: those of the file whose tree a path is in (an attached
+    // file's tree is under data/<stem>/).
+    let backing_of = |p: &str| {
+        let stem = p
+            .strip_prefix("data/")
+            .and_then(|rest| rest.split('/').next())
+            .filter(|s| !s.is_empty());
+        let file = stem
+            .and_then(|s| m.data.iter().find(|d| d.file_stem().unwrap() == s))
+            .unwrap_or(&m.model);
+        std::fs::metadata(file).unwrap()
+    };
     for (p, meta) in &seen {
+        let backing = backing_of(p);
         let perm = meta.permissions().mode() & 0o7777;
         if meta.is_dir() {
             if perm != 0o555 && perm != 0o755 {

@@ -1,5 +1,6 @@
 //! Serving a mount: the FUSE session with its worker threads, the threads that send cache
-//! invalidations, and a thread that turns SIGINT/SIGTERM/SIGHUP into "commit, then unmount".
+//! invalidations, a thread that watches the model files' owner and mode, and a thread that
+//! turns SIGINT/SIGTERM/SIGHUP into "commit, then unmount".
 //! When open files keep the mount busy after a signal, it is detached, and the daemon ends
 //! once the kernel lets go of it or after a grace period.
 
@@ -76,6 +77,9 @@ fn on_signals(fs: Arc<Fs>, mountpoint: PathBuf, events: mpsc::Sender<Event>) {
     let _ = events.send(Event::Unmounting);
 }
 
+/// How often the model files' owner and mode are checked for changes.
+const IDENTITY_POLL: Duration = Duration::from_secs(1);
+
 /// Mounts `tree` on `mountpoint`, reports through `ready` once the mount is live, and serves
 /// until it is unmounted.
 pub fn serve(
@@ -126,6 +130,21 @@ pub fn serve(
         std::thread::Builder::new()
             .name("ptefs-signals".into())
             .spawn(move || on_signals(fs, mp, events))
+            .map_err(|e| Error::io("cannot start a thread", e))?;
+    }
+    {
+        // A chmod or chown of a model file shows in the mount within a second, also to
+        // users whose kernel caches would otherwise keep the old owner and mode.
+        let fs = Arc::downgrade(&fs);
+        std::thread::Builder::new()
+            .name("ptefs-identity".into())
+            .spawn(move || {
+                while let Some(fs) = fs.upgrade() {
+                    fs.refresh_identity();
+                    drop(fs);
+                    std::thread::sleep(IDENTITY_POLL);
+                }
+            })
             .map_err(|e| Error::io("cannot start a thread", e))?;
     }
     let background = session

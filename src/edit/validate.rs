@@ -55,8 +55,10 @@ fn normalize_descr(d: &str) -> String {
     }
 }
 
-/// The largest inline delegate payload (it is copied into the flatbuffer).
-const MAX_INLINE: u64 = 1 << 30;
+/// The largest inline delegate payload: it is held in memory and copied into the program's
+/// flatbuffer, which is rebuilt around it. ExecuTorch itself moves payloads of this size
+/// into segments.
+const MAX_INLINE: u64 = 64 << 20;
 
 /// The most a `.npy` header is read for.
 const NPY_HEADER_READ: u64 = 1 << 20;
@@ -213,7 +215,7 @@ pub fn plan<'a>(model: &Model, target: &WriteTarget, data: Source<'a>) -> Result
                     return Err(Error::new(
                         libc::EFBIG,
                         format!(
-                            "an inline delegate payload must stay under {MAX_INLINE} bytes (it lives inside the program's flatbuffer, which is limited to 2 GiB); got {}",
+                            "an inline delegate payload may hold at most {MAX_INLINE} bytes (it lives inside the program's flatbuffer, which is rebuilt around it in memory; export with segments for larger ones); got {}",
                             data.len()
                         ),
                     ));

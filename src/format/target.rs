@@ -57,3 +57,23 @@ pub enum WriteTarget {
         value: u32,
     },
 }
+
+impl WriteTarget {
+    /// The files a commit of this target may change (besides those whose bytes the node
+    /// shows, which it may change too).
+    pub fn files(&self) -> Vec<FileIndex> {
+        match self {
+            WriteTarget::TensorBin { location, .. }
+            | WriteTarget::TensorNpy { location, .. }
+            | WriteTarget::Segment { location, .. }
+            | WriteTarget::PayloadConstant { location, .. }
+            | WriteTarget::PayloadConstantNpy { location, .. } => vec![location.file],
+            WriteTarget::Blob { file, .. } => vec![*file],
+            // Delegate payloads and the values re-quantized in them live in the program.
+            WriteTarget::DelegatePayload { .. } | WriteTarget::PayloadConstantF32 { .. } => {
+                vec![0]
+            }
+            WriteTarget::Weights { entries } => entries.iter().map(|e| e.location.file).collect(),
+        }
+    }
+}

@@ -57,12 +57,12 @@ pub fn dir_is_writable(tree: &Tree, ino: Ino) -> bool {
 impl Fs {
     pub(super) fn attr_in(&self, tree: &Tree, ino: Ino) -> Result<Attr> {
         if let Some(size) = self.scratch.size(ino) {
-            return Ok(self.scratch_attr(ino, size));
+            return Ok(self.scratch_attr(tree, ino, size));
         }
         let node = tree
             .node(ino)
             .ok_or_else(|| Error::not_found(format!("inode {ino}")))?;
-        let id = self.identity();
+        let id = self.identity_of(tree, ino);
         let writable = !self.options.read_only;
         let (kind, perm, nlink) = match &node.content {
             Content::Dir(children) => {
@@ -93,9 +93,11 @@ impl Fs {
         })
     }
 
-    /// A scratch file: an editor's, shown writable by the model file's owner.
-    fn scratch_attr(&self, ino: Ino, size: u64) -> Attr {
-        let id = self.identity();
+    /// A scratch file: an editor's, shown writable by the owner of the model file whose
+    /// tree holds its directory.
+    fn scratch_attr(&self, tree: &Tree, ino: Ino, size: u64) -> Attr {
+        let parent = self.scratch.parent(ino).unwrap_or(crate::tree::ROOT);
+        let id = self.identity_of(tree, parent);
         Attr {
             ino,
             size,

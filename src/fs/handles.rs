@@ -31,6 +31,10 @@ pub(super) struct Handle {
     pub staged: Option<Staged>,
     /// The staged content changed since the last commit (an `O_TRUNC` open counts).
     pub dirty: bool,
+    /// Opened with `O_TRUNC` and neither written nor resized since: a `close` of a
+    /// duplicate now (`cmd > file`: the shell closes one before `cmd` writes) must not
+    /// commit the empty content ahead of what comes next.
+    pub truncated_only: bool,
     /// A commit of the content as it is now was refused or failed, and reported: the last
     /// close must not try it again behind the user's back.
     pub refused: bool,

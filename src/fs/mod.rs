@@ -8,6 +8,7 @@
 //! mapped byte beyond the backing file's current size; what the kernel must forget after a
 //! commit is sent through the `Invalidator` once the operation holds no lock.
 
+pub mod access;
 mod attr;
 mod commit;
 mod dirs;
@@ -83,7 +84,7 @@ pub const R_OK: i32 = 4;
 pub const W_OK: i32 = 2;
 pub const X_OK: i32 = 1;
 
-/// Ownership, mode and times shown for every node: those of the mounted file.
+/// Ownership, mode and times of a model file, which the nodes of its tree show.
 #[derive(Debug, Clone, Copy)]
 pub struct Identity {
     pub uid: u32,
@@ -132,11 +133,12 @@ impl Identity {
 
 pub struct Fs {
     tree: RwLock<Arc<Tree>>,
-    identity: RwLock<Identity>,
+    /// Per model file, in the model's order.
+    identities: RwLock<Vec<Identity>>,
     pub options: Options,
     handles: handles::Handles,
-    /// Where staged content spills: the model's directory.
-    spill_dir: Option<Arc<std::fs::File>>,
+    /// Where staged content spills (the model's directory), and the memory it may take.
+    spill: Arc<staging::Spill>,
     scratch: scratch::ScratchFiles,
     dirs: dirs::DirHandles,
     invalidator: Arc<dyn Invalidator>,
@@ -147,6 +149,21 @@ pub struct Fs {
     commit_lock: std::sync::Mutex<()>,
 }
 
+/// The identity of each model file of `tree`.
+fn identities_of(tree: &Tree) -> Vec<Identity> {
+    tree.model
+        .files
+        .iter()
+        .map(|f| {
+            f.file
+                .as_ref()
+                .and_then(|f| f.metadata().ok())
+                .map(|m| Identity::of(&m))
+                .unwrap_or_else(Identity::unknown)
+        })
+        .collect()
+}
+
 impl Fs {
     /// A filesystem whose commits need no cache invalidation (offline commands, tests).
     pub fn new(tree: Tree, options: Options) -> Fs {
@@ -154,23 +171,14 @@ impl Fs {
     }
 
     pub fn with_invalidator(tree: Tree, options: Options, invalidator: Arc<dyn Invalidator>) -> Fs {
-        let identity = tree.model.files[0]
-            .file
-            .as_ref()
-            .and_then(|f| f.metadata().ok())
-            .map(|m| Identity::of(&m))
-            .unwrap_or_else(Identity::unknown);
-        let spill_dir = tree.model.files[0]
-            .dir
-            .as_ref()
-            .and_then(|d| d.try_clone().ok())
-            .map(Arc::new);
+        let identities = identities_of(&tree);
+        let spill = staging::Spill::new(tree.model.files[0].dir.clone(), staging::MEMORY_BUDGET);
         Fs {
             tree: RwLock::new(Arc::new(tree)),
-            identity: RwLock::new(identity),
+            identities: RwLock::new(identities),
             options,
             handles: Default::default(),
-            spill_dir,
+            spill,
             scratch: Default::default(),
             dirs: Default::default(),
             invalidator,
@@ -199,20 +207,41 @@ impl Fs {
             .spawn(move || drop(old));
     }
 
-    /// Takes the model file's times again, after a commit changed them.
-    fn refresh_identity(&self) {
-        let tree = self.tree();
-        if let Some(meta) = tree.model.files[0]
-            .file
-            .as_ref()
-            .and_then(|f| f.metadata().ok())
-        {
-            *self.identity.write().unwrap_or_else(|e| e.into_inner()) = Identity::of(&meta);
+    /// Takes the model files' owners, modes and times again (after a commit, and at every
+    /// open: a `chmod` or `chown` of a model shows at once). When an owner or mode changed,
+    /// the kernel forgets the attributes it cached.
+    pub fn refresh_identity(&self) {
+        let fresh = identities_of(&self.tree());
+        let changed = {
+            let mut held = self.identities.write().unwrap_or_else(|e| e.into_inner());
+            let changed = held.len() != fresh.len()
+                || held
+                    .iter()
+                    .zip(&fresh)
+                    .any(|(a, b)| (a.uid, a.gid, a.mode) != (b.uid, b.gid, b.mode));
+            *held = fresh;
+            changed
+        };
+        if changed {
+            let nodes = self.tree().nodes.len() as Ino;
+            self.invalidator.inodes((1..=nodes).collect(), false);
         }
     }
 
-    pub fn identity(&self) -> Identity {
-        *self.identity.read().unwrap_or_else(|e| e.into_inner())
+    /// The owner, mode and times a node shows: those of the file whose tree it is in, with
+    /// no permission bit another file it shows bytes of lacks.
+    pub fn identity_of(&self, tree: &Tree, ino: Ino) -> Identity {
+        let held = self.identities.read().unwrap_or_else(|e| e.into_inner());
+        let files = tree.files_read(ino);
+        let mut id = files
+            .first()
+            .and_then(|&f| held.get(f))
+            .copied()
+            .unwrap_or_else(Identity::unknown);
+        for f in files.iter().skip(1).filter_map(|&f| held.get(f)) {
+            id.mode &= f.mode;
+        }
+        id
     }
 
     fn read_only_error() -> Error {

@@ -56,6 +56,11 @@ impl ScratchFiles {
         ino
     }
 
+    /// The directory a scratch file is in.
+    pub fn parent(&self, ino: Ino) -> Option<Ino> {
+        self.files().get(&ino).map(|s| s.parent)
+    }
+
     pub fn contains(&self, ino: Ino) -> bool {
         ino >= SCRATCH_BASE && self.files().contains_key(&ino)
     }

@@ -1,21 +1,70 @@
 //! Staged content: the bytes an open file holds until they are committed (a writer's copy of
 //! a tree file) or for as long as it lives (a scratch file).
 //!
-//! Invariants: the first `SPILL_AT` bytes live in memory; beyond that the content moves to an
+//! Invariants: the first `SPILL_AT` bytes live in memory, as long as all the staged content
+//! of the mount stays within its `Spill::budget`; beyond either, the content moves to an
 //! unnamed temporary file (`O_TMPFILE`, in the model's directory, else in `$TMPDIR`), so a
-//! multi-GiB write needs neither its size in RAM nor a daemon that grows; every size is
-//! checked against the file's limit before anything is allocated, and memory is reserved
-//! fallibly, so a request can fail with EFBIG or ENOMEM but never abort the daemon.
+//! multi-GiB write, or many writers at once, need neither their size in RAM nor a daemon
+//! that grows. Every byte of memory a `Staged` holds is charged to the budget and given
+//! back when it spills or is dropped. Every size is checked against the file's limit before
+//! anything is allocated, and memory is reserved fallibly, so a request can fail with EFBIG
+//! or ENOMEM but never abort the daemon.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crate::edit::Source;
 use crate::error::{Error, Result};
 
 /// Staged content beyond this size spills to a temporary file.
 pub const SPILL_AT: u64 = 64 << 20;
+
+/// How much staged content of one mount may live in memory at once, all handles together.
+pub const MEMORY_BUDGET: u64 = 128 << 20;
+
+/// Where staged content spills, and the memory all of a mount's staged content shares.
+pub struct Spill {
+    /// Where spill files go first (the model's directory), if open.
+    dir: Option<Arc<File>>,
+    budget: u64,
+    in_memory: AtomicU64,
+}
+
+impl Spill {
+    pub fn new(dir: Option<Arc<File>>, budget: u64) -> Arc<Spill> {
+        Arc::new(Spill {
+            dir,
+            budget,
+            in_memory: AtomicU64::new(0),
+        })
+    }
+
+    /// Takes `bytes` from the budget, or says there is not that much left.
+    fn charge(&self, bytes: u64) -> bool {
+        self.in_memory
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(bytes).filter(|&n| n <= self.budget)
+            })
+            .is_ok()
+    }
+
+    fn give_back(&self, bytes: u64) {
+        let _ = self
+            .in_memory
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                Some(used.saturating_sub(bytes))
+            });
+    }
+
+    /// Bytes of staged content in memory now.
+    #[cfg(test)]
+    pub fn in_memory(&self) -> u64 {
+        self.in_memory.load(Ordering::Acquire)
+    }
+}
 
 enum Buffer {
     Memory(Vec<u8>),
@@ -29,8 +78,15 @@ pub struct Staged {
     limit: u64,
     /// What the limit is, for messages ("FLOAT[3,4] holds 48 bytes").
     limit_reason: String,
-    /// Where a spill file goes first (the model's directory), if open.
-    spill_dir: Option<std::sync::Arc<File>>,
+    spill: Arc<Spill>,
+    /// The memory charged to `spill`'s budget: the capacity of the in-memory buffer.
+    charged: u64,
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        self.spill.give_back(self.charged);
+    }
 }
 
 /// An unnamed file for spilled content: `O_TMPFILE` in `dir`, else in the temporary
@@ -67,30 +123,63 @@ impl TmpFile for std::fs::OpenOptions {
     }
 }
 
-fn grow(v: &mut Vec<u8>, len: usize) -> Result<()> {
-    if len > v.len() {
-        v.try_reserve_exact(len - v.len()).map_err(|_| {
-            Error::new(
-                libc::ENOMEM,
-                format!("cannot hold {len} bytes of staged content in memory"),
-            )
-        })?;
-    }
-    v.resize(len, 0);
-    Ok(())
-}
-
 impl Staged {
     /// Empty content that may grow to `limit` bytes.
-    pub fn new(
-        limit: u64, limit_reason: impl Into<String>, spill_dir: Option<std::sync::Arc<File>>,
-    ) -> Staged {
+    pub fn new(limit: u64, limit_reason: impl Into<String>, spill: Arc<Spill>) -> Staged {
         Staged {
             buffer: Buffer::Memory(Vec::new()),
             limit,
             limit_reason: limit_reason.into(),
-            spill_dir,
+            spill,
+            charged: 0,
         }
+    }
+
+    /// Makes the in-memory buffer able to hold `capacity` bytes, charging the budget for
+    /// them; false (nothing changed) when the budget or the allocator cannot give them.
+    fn make_room(&mut self, capacity: u64) -> bool {
+        let Buffer::Memory(v) = &mut self.buffer else {
+            return false;
+        };
+        if capacity <= v.capacity() as u64 {
+            return true;
+        }
+        let Ok(wanted) = usize::try_from(capacity) else {
+            return false;
+        };
+        let extra = capacity - self.charged;
+        if !self.spill.charge(extra) {
+            return false;
+        }
+        if v.try_reserve_exact(wanted - v.len()).is_err() {
+            self.spill.give_back(extra);
+            return false;
+        }
+        self.charged = capacity;
+        true
+    }
+
+    /// Grows the in-memory content to `len` bytes (zeros), spilling when memory for them
+    /// is not to be had. Buffers grow by at least half, so small writes do not reallocate
+    /// each time.
+    fn grow(&mut self, len: u64) -> Result<()> {
+        let Buffer::Memory(v) = &self.buffer else {
+            return Ok(());
+        };
+        if len <= v.len() as u64 {
+            return Ok(());
+        }
+        let generous = (v.capacity() as u64)
+            .saturating_add(v.capacity() as u64 / 2)
+            .clamp(len, SPILL_AT.min(self.limit).max(len));
+        if !self.make_room(generous) && !self.make_room(len) {
+            self.spill()?;
+            return Ok(());
+        }
+        if let Buffer::Memory(v) = &mut self.buffer {
+            v.resize(len as usize, 0);
+        }
+        Ok(())
     }
 
     /// Reserves room for `capacity` bytes in memory (when they would not spill), so the
@@ -99,12 +188,12 @@ impl Staged {
     /// bytes into them.
     pub fn reserve(&mut self, capacity: u64) {
         const PAGE: usize = 4096;
+        if capacity > SPILL_AT.min(self.limit) || !self.make_room(capacity) {
+            return;
+        }
         let Buffer::Memory(v) = &mut self.buffer else {
             return;
         };
-        if capacity > SPILL_AT.min(self.limit) || v.try_reserve_exact(capacity as usize).is_err() {
-            return;
-        }
         if capacity >= 2 << 20 {
             let start = (v.as_ptr() as usize).next_multiple_of(PAGE);
             let end = (v.as_ptr() as usize + v.capacity()) / PAGE * PAGE;
@@ -140,16 +229,17 @@ impl Staged {
         Ok(())
     }
 
-    /// Moves the content to a temporary file.
+    /// Moves the content to a temporary file, giving its memory back.
     fn spill(&mut self) -> Result<()> {
         let Buffer::Memory(v) = &self.buffer else {
             return Ok(());
         };
-        let file = unnamed_file(self.spill_dir.as_deref())?;
+        let file = unnamed_file(self.spill.dir.as_deref())?;
         file.write_all_at(v, 0)
             .map_err(|e| Error::io("write staged content to a temporary file", e))?;
         let len = v.len() as u64;
         self.buffer = Buffer::Spilled { file, len };
+        self.spill.give_back(std::mem::take(&mut self.charged));
         Ok(())
     }
 
@@ -162,13 +252,10 @@ impl Staged {
         if end > SPILL_AT {
             self.spill()?;
         }
+        self.grow(end)?;
         match &mut self.buffer {
             Buffer::Memory(v) => {
-                let end = end as usize;
-                if v.len() < end {
-                    grow(v, end)?;
-                }
-                v[offset as usize..end].copy_from_slice(data);
+                v[offset as usize..end as usize].copy_from_slice(data);
             }
             Buffer::Spilled { file, len } => {
                 file.write_all_at(data, offset)
@@ -185,8 +272,9 @@ impl Staged {
         if size > SPILL_AT {
             self.spill()?;
         }
+        self.grow(size)?;
         match &mut self.buffer {
-            Buffer::Memory(v) => grow(v, size as usize)?,
+            Buffer::Memory(v) => v.truncate(size as usize),
             Buffer::Spilled { file, len } => {
                 file.set_len(size)
                     .map_err(|e| Error::io("resize staged content", e))?;
@@ -236,9 +324,35 @@ impl Staged {
 mod tests {
     use super::*;
 
+    fn unbounded() -> Arc<Spill> {
+        Spill::new(None, u64::MAX)
+    }
+
+    #[test]
+    fn writers_together_stay_within_the_memory_budget() {
+        let spill = Spill::new(None, 10 << 20);
+        let mut all: Vec<Staged> = (0..4)
+            .map(|_| Staged::new(u64::MAX, "", spill.clone()))
+            .collect();
+        for s in &mut all {
+            for i in 0..4u64 {
+                s.write_at(i << 20, &[7; 1 << 20]).unwrap();
+            }
+        }
+        assert!(spill.in_memory() <= 10 << 20, "{}", spill.in_memory());
+        assert!(!all[0].spilled());
+        assert!(all[3].spilled());
+        for s in &all {
+            assert_eq!(s.len(), 4 << 20);
+            assert_eq!(s.read((3 << 20) + 5, 3).unwrap(), [7, 7, 7]);
+        }
+        drop(all);
+        assert_eq!(spill.in_memory(), 0);
+    }
+
     #[test]
     fn refuses_sizes_beyond_the_limit_before_allocating() {
-        let mut s = Staged::new(48, "FLOAT[3,4] holds 48 bytes", None);
+        let mut s = Staged::new(48, "FLOAT[3,4] holds 48 bytes", unbounded());
         assert_eq!(s.write_at(1 << 40, b"x").unwrap_err().errno(), libc::EFBIG);
         assert_eq!(s.set_len(1 << 40).unwrap_err().errno(), libc::EFBIG);
         assert_eq!(
@@ -252,7 +366,7 @@ mod tests {
 
     #[test]
     fn spills_past_the_threshold_and_reads_back() {
-        let mut s = Staged::new(u64::MAX, "", None);
+        let mut s = Staged::new(u64::MAX, "", unbounded());
         s.write_at(0, b"head").unwrap();
         s.write_at(SPILL_AT + 10, b"tail").unwrap();
         assert!(s.spilled());

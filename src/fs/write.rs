@@ -7,6 +7,9 @@
 //!   last commit. If the content is not a valid whole yet, the refusal is returned (so `cp`,
 //!   `dd` and Python see it) and the content stays staged: the handle remains usable, so
 //!   `cmd > file`, whose shell closes a duplicate before `cmd` writes, still works.
+//!   Content an `O_TRUNC` open emptied and nothing wrote since is only checked: committing
+//!   it would put an empty file on disk ahead of what `cmd` writes next; the last close
+//!   commits it when nothing did.
 //! - `fsync` commits the content when it is valid, and otherwise succeeds without writing
 //!   anything (`dd oflag=dsync` fsyncs partial content after every block).
 //! - `release` (the last close) commits what changed since the last attempt; the kernel
@@ -151,7 +154,7 @@ impl Fs {
             .as_ref()
             .ok_or_else(|| self.not_writable(tree, ino))?;
         let (limit, why) = size_limit(target, &tree.path(ino), tree.size(ino));
-        Ok(Staged::new(limit, why, self.spill_dir.clone()))
+        Ok(Staged::new(limit, why, self.spill.clone()))
     }
 
     /// Staged content holding the committed bytes of tree file `ino`.
@@ -188,6 +191,7 @@ impl Fs {
             writable,
             staged: None,
             dirty: false,
+            truncated_only: false,
             refused: false,
         };
         match target {
@@ -220,6 +224,7 @@ impl Fs {
                     staged.reserve(tree.size(ino));
                     handle.staged = Some(staged);
                     handle.dirty = true;
+                    handle.truncated_only = true;
                 }
             }
         }
@@ -263,7 +268,7 @@ impl Fs {
         let content = Staged::new(
             MAX_RESIZABLE,
             format!("{name}: a scratch file grows to at most 16 GiB"),
-            self.spill_dir.clone(),
+            self.spill.clone(),
         );
         let ino = self.scratch.create(parent, name, content);
         let opened = self.open(ino, flags)?;
@@ -297,6 +302,7 @@ impl Fs {
                     .write_at(offset, data)
                     .map_err(|e| e.context(path()))?;
                 h.dirty = true;
+                h.truncated_only = false;
             }
         }
         Ok(data.len() as u32)
@@ -368,6 +374,7 @@ impl Fs {
                     .set_len(size)
                     .map_err(|e| e.context(tree.path(ino)))?;
                 h.dirty = true;
+                h.truncated_only = false;
                 let mut attr = current;
                 attr.size = size;
                 Ok((attr, Invalidate::default()))
@@ -406,13 +413,19 @@ impl Fs {
     }
 
     /// `close()`: commits what this handle changed since its last commit, or returns why
-    /// it cannot be committed (the content stays staged).
+    /// it cannot be committed (the content stays staged). Content only truncated by the
+    /// open is checked but left for the last close to commit, as more writes may follow.
     pub fn flush(&self, fh: u64) -> Result<()> {
         let shared = self.handles.get(fh)?;
         let mut h = lock(&shared);
         let Target::Tree(ino) = h.target else {
             return Ok(());
         };
+        if h.truncated_only && !h.refused {
+            let checked = self.validate_staged(ino, &h);
+            h.refused = checked.is_err();
+            return checked;
+        }
         let result = self.commit_handle(ino, &mut h);
         drop(h);
         self.publish(ino, result.map(|inval| ((), inval)))
@@ -436,13 +449,22 @@ impl Fs {
 
     /// Whether `h`'s staged content would pass validation as the new content of `ino`.
     fn staged_is_valid(&self, ino: Ino, h: &Handle) -> bool {
+        self.validate_staged(ino, h).is_ok()
+    }
+
+    /// Why `h`'s staged content would not pass validation as the new content of `ino`.
+    fn validate_staged(&self, ino: Ino, h: &Handle) -> Result<()> {
         let tree = self.tree();
-        let (Some(staged), Some(target)) =
-            (&h.staged, tree.node(ino).and_then(|n| n.write.as_ref()))
-        else {
-            return false;
-        };
-        crate::edit::validate(&tree.model, target, staged.source()).is_ok()
+        let staged = h
+            .staged
+            .as_ref()
+            .ok_or_else(|| Error::new(libc::EIO, "nothing staged"))?;
+        let target = tree
+            .node(ino)
+            .and_then(|n| n.write.as_ref())
+            .ok_or_else(|| self.not_writable(&tree, ino))?;
+        crate::edit::validate(&tree.model, target, staged.source())
+            .map_err(|e| e.context(tree.path(ino)))
     }
 
     /// Commits the staged content of handle `h` (writing tree file `ino`) if it changed.

@@ -22,6 +22,7 @@ use fuser::{
 };
 
 use crate::error::{Error, Result};
+use crate::fs::access::Caller;
 use crate::fs::{self, Attr, FileType, Fs, Opened, RenameMode, SetAttr};
 
 /// `max_write`: large writes mean fewer requests when a tensor is replaced.
@@ -90,6 +91,11 @@ fn negative_entry() -> FileAttr {
         blksize: fs::BLOCK_SIZE,
         flags: 0,
     }
+}
+
+/// The user a request comes from, for the core's permission checks.
+fn caller(req: &Request) -> Caller {
+    Caller::of_process(req.uid(), req.gid(), req.pid())
 }
 
 fn open_flags(o: &Opened) -> FopenFlags {
@@ -198,7 +204,7 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn setattr(
-        &self, _req: &Request, ino: INodeNo, mode: Option<u32>, uid: Option<u32>, gid: Option<u32>,
+        &self, req: &Request, ino: INodeNo, mode: Option<u32>, uid: Option<u32>, gid: Option<u32>,
         size: Option<u64>, _atime: Option<TimeOrNow>, _mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>, fh: Option<FileHandle>, _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>, _bkuptime: Option<SystemTime>, _flags: Option<BsdFileFlags>,
@@ -211,7 +217,7 @@ impl fuser::Filesystem for FuseFs {
             size,
             fh: fh.map(|f| f.0),
         };
-        match self.fs.setattr(ino.0, change) {
+        match self.fs.setattr_as(&caller(req), ino.0, change) {
             Ok(a) => reply.attr(&fs::TTL, &to_fuser(&a)),
             Err(e) => fuse_error!("setattr", reply, e),
         }
@@ -231,11 +237,11 @@ impl fuser::Filesystem for FuseFs {
         fuse_unsupported!(self, "mkdir", reply)
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         empty(
             "unlink",
             reply,
-            name_str(name).and_then(|n| self.fs.unlink(parent.0, n)),
+            name_str(name).and_then(|n| self.fs.unlink_as(&caller(req), parent.0, n)),
         )
     }
 
@@ -251,13 +257,19 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn rename(
-        &self, _req: &Request, parent: INodeNo, name: &OsStr, newparent: INodeNo, newname: &OsStr,
+        &self, req: &Request, parent: INodeNo, name: &OsStr, newparent: INodeNo, newname: &OsStr,
         flags: RenameFlags, reply: ReplyEmpty,
     ) {
         let r = name_str(name).and_then(|n| {
             let new = name_str(newname)?;
-            self.fs
-                .rename(parent.0, n, newparent.0, new, rename_mode(flags))
+            self.fs.rename_as(
+                &caller(req),
+                parent.0,
+                n,
+                newparent.0,
+                new,
+                rename_mode(flags),
+            )
         });
         empty("rename", reply, r)
     }
@@ -269,8 +281,8 @@ impl fuser::Filesystem for FuseFs {
         fuse_unsupported!(self, "link", reply)
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.open(ino.0, flags.0) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.open_as(&caller(req), ino.0, flags.0) {
             Ok(o) => reply.opened(FileHandle(o.fh), open_flags(&o)),
             Err(e) => fuse_error!("open", reply, e),
         }
@@ -322,8 +334,8 @@ impl fuser::Filesystem for FuseFs {
         empty("fsync", reply, self.fs.fsync(fh.0))
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.opendir(ino.0) {
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.opendir_as(&caller(req), ino.0) {
             Ok(o) => reply.opened(FileHandle(o.fh), open_flags(&o)),
             Err(e) => fuse_error!("opendir", reply, e),
         }
@@ -429,15 +441,18 @@ impl fuser::Filesystem for FuseFs {
         )
     }
 
-    fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        empty("access", reply, self.fs.access(ino.0, mask.bits()))
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let r = self.fs.access_as(&caller(req), ino.0, mask.bits());
+        empty("access", reply, r)
     }
 
     fn create(
-        &self, _req: &Request, parent: INodeNo, name: &OsStr, _mode: u32, _umask: u32, flags: i32,
+        &self, req: &Request, parent: INodeNo, name: &OsStr, _mode: u32, _umask: u32, flags: i32,
         reply: ReplyCreate,
     ) {
-        match name_str(name).and_then(|n| self.fs.create(parent.0, n, flags)) {
+        let created =
+            name_str(name).and_then(|n| self.fs.create_as(&caller(req), parent.0, n, flags));
+        match created {
             Ok((a, o)) => reply.created(
                 &fs::TTL,
                 &to_fuser(&a),

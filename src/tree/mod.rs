@@ -165,6 +165,52 @@ impl Tree {
         parts.join("/")
     }
 
+    /// The model file whose tree `ino` is in: an attached file's nodes are under
+    /// `data/<name>/`, every other node is the first file's.
+    pub fn file_of(&self, ino: Ino) -> FileIndex {
+        if self.model.files.len() < 2 {
+            return 0;
+        }
+        let Some(data) = self.lookup(ROOT, "data") else {
+            return 0;
+        };
+        let mut cur = ino;
+        while cur != ROOT {
+            let Some(node) = self.node(cur) else { break };
+            if node.parent == data {
+                return self
+                    .names
+                    .data
+                    .iter()
+                    .position(|n| *n == node.name)
+                    .map_or(0, |k| k + 1);
+            }
+            cur = node.parent;
+        }
+        0
+    }
+
+    /// The model files whose bytes reading `ino` shows (its own file's first).
+    pub fn files_read(&self, ino: Ino) -> Vec<FileIndex> {
+        let mut files = vec![self.file_of(ino)];
+        if let Some(node) = self.node(ino) {
+            files.extend(node.content.reads().iter().map(|l| l.file));
+        }
+        dedup(files)
+    }
+
+    /// The model files a commit of new content for `ino` may change.
+    pub fn files_written(&self, ino: Ino) -> Vec<FileIndex> {
+        let Some(node) = self.node(ino) else {
+            return Vec::new();
+        };
+        let mut files: Vec<FileIndex> = node.content.reads().iter().map(|l| l.file).collect();
+        if let Some(target) = &node.write {
+            files.extend(target.files());
+        }
+        dedup(files)
+    }
+
     /// Which paths show the same bytes (DESIGN.md §2.3), indexed on first use.
     pub fn sharing(&self) -> &SharingIndex {
         self.sharing.get_or_init(|| SharingIndex::build(self))
@@ -471,4 +517,15 @@ impl std::fmt::Write for SliceWriter<'_> {
         self.at = end;
         Ok(())
     }
+}
+
+/// `files` without repeats, in first-seen order.
+fn dedup(files: Vec<FileIndex>) -> Vec<FileIndex> {
+    let mut seen = Vec::with_capacity(files.len());
+    for f in files {
+        if !seen.contains(&f) {
+            seen.push(f);
+        }
+    }
+    seen
 }
