@@ -7,6 +7,7 @@
 // The generated FlatBuffers code names `alloc::` paths.
 extern crate alloc;
 
+pub mod apply;
 pub mod backend;
 pub mod check;
 pub mod daemon;

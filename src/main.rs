@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use ptefs::apply::{apply, ApplyRequest};
 use ptefs::daemon::{self, MountRequest};
 use ptefs::offline;
 use ptefs::tree::DEFAULT_MAX_NODES;
@@ -91,6 +92,21 @@ enum Command {
         #[arg(long, value_name = "N", help = MAX_NODES_HELP, default_value_t = DEFAULT_MAX_NODES, hide_default_value = true)]
         max_nodes: u64,
     },
+    /// Update many tensors at once from a safetensors file, without FUSE: every tensor it
+    /// names (as the files' weights.safetensors name them) must exist with the same dtype
+    /// and shape; the changed ones are written in one journaled commit per file.
+    Apply {
+        file: PathBuf,
+        update: PathBuf,
+        /// Attach a .ptd (repeatable): its tensors can be updated too.
+        #[arg(long = "data", value_name = "PTD")]
+        data: Vec<PathBuf>,
+        /// Check the update and say what it would change, writing nothing.
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long, value_name = "N", help = MAX_NODES_HELP, default_value_t = DEFAULT_MAX_NODES, hide_default_value = true)]
+        max_nodes: u64,
+    },
     /// Deep validation: exit 0 when sound, else each defect on its own line.
     Check {
         file: PathBuf,
@@ -158,6 +174,22 @@ fn main() -> ExitCode {
             offline::open_fs_limited(&file, &data, max_nodes)
                 .and_then(|fs| offline::info(&fs, &mut out)),
         ),
+        Command::Apply {
+            file,
+            update,
+            data,
+            dry_run,
+            max_nodes,
+        } => {
+            let req = ApplyRequest {
+                file,
+                data,
+                update,
+                dry_run,
+                max_nodes,
+            };
+            exit_code(apply(&req, &mut out).map(|_| ()))
+        }
         Command::Check {
             file,
             data,

@@ -1,14 +1,18 @@
 //! Kills the daemon with SIGKILL at random moments of in-place commits, many times, and
-//! checks that the model holds entirely the old or entirely the new tensor: right after the
-//! kill (or, when the kill interrupted the write itself, a whole journal waits beside it),
-//! and again after the remount that replays or discards the journal.
+//! checks that the model holds entirely the old or entirely the new tensor (or, for a bulk
+//! update through `weights.safetensors`, entirely the old or entirely the new set of
+//! tensors): right after the kill (or, when the kill interrupted the write itself, a whole
+//! journal waits beside it), and again after the remount that replays or discards the
+//! journal.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ptefs::format::generated::pte_fb;
-use ptefs::format::writer::{pack_program, pte_program_region};
+use ptefs::format::generated::{flat_tensor, ptd_fb, pte_fb};
+use ptefs::format::writer::{
+    pack_flat_tensor, pack_program, ptd_program_region, pte_program_region,
+};
 
 mod common;
 
@@ -144,6 +148,153 @@ fn sigkill_during_commits_leaves_old_or_new() {
                 uniform(tensor, current),
                 "round {round}: torn after remount"
             );
+            saw_old += 1;
+        }
+    }
+    eprintln!("old {saw_old}, new {saw_new}, interrupted with a journal {saw_journal}");
+    assert!(
+        saw_old > 0 && saw_new > 0,
+        "kills should land both before and after commits"
+    );
+}
+
+/// Tensors of the bulk model: `BULK_TENSORS` of FLOAT[256, 256] (256 KiB each).
+const BULK_TENSORS: usize = 16;
+const BULK_SIDE: i32 = 256;
+const BULK_BYTES: usize = (BULK_SIDE * BULK_SIDE * 4) as usize;
+
+/// A `.ptd` of `BULK_TENSORS` named tensors, each in its own segment, filled with `fill`;
+/// returns where the segments start.
+fn bulk_model(path: &Path, fill: u8) -> usize {
+    let mut ft = ptd_fb::FlatTensorT::default();
+    let mut segments = Vec::new();
+    let mut named = Vec::new();
+    for i in 0..BULK_TENSORS {
+        let mut seg = ptd_fb::DataSegmentT::default();
+        seg.offset = (i * BULK_BYTES) as u64;
+        seg.size = BULK_BYTES as u64;
+        segments.push(seg);
+        let mut layout = ptd_fb::TensorLayoutT::default();
+        layout.scalar_type = flat_tensor::executorch_flatbuffer::ScalarType::FLOAT;
+        layout.sizes = Some(vec![BULK_SIDE, BULK_SIDE]);
+        layout.dim_order = Some(vec![0, 1]);
+        let mut nd = ptd_fb::NamedDataT::default();
+        nd.key = Some(format!("layer{i:02}.weight"));
+        nd.segment_index = i as u32;
+        nd.tensor_layout = Some(Box::new(layout));
+        named.push(nd);
+    }
+    ft.segments = Some(segments);
+    ft.named_data = Some(named);
+    let total = BULK_TENSORS * BULK_BYTES;
+    let (mut out, base) = ptd_program_region(&pack_flat_tensor(&ft), 128, total as u64);
+    out.resize(base as usize, 0);
+    out.resize(base as usize + total, fill);
+    std::fs::write(path, &out).unwrap();
+    base as usize
+}
+
+/// A safetensors file setting every tensor of the bulk model to `fill`.
+fn bulk_update(fill: u8) -> Vec<u8> {
+    let mut header = String::from("{");
+    for i in 0..BULK_TENSORS {
+        if i > 0 {
+            header.push(',');
+        }
+        header.push_str(&format!(
+            "\"layer{i:02}.weight\":{{\"dtype\":\"F32\",\"shape\":[{BULK_SIDE},{BULK_SIDE}],\"data_offsets\":[{},{}]}}",
+            i * BULK_BYTES,
+            (i + 1) * BULK_BYTES
+        ));
+    }
+    header.push('}');
+    while header.len() % 8 != 0 {
+        header.push(' ');
+    }
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(header.as_bytes());
+    out.resize(out.len() + BULK_TENSORS * BULK_BYTES, fill);
+    out
+}
+
+/// Which fill every tensor of the bulk model has, when all have the same one.
+fn bulk_state(bytes: &[u8], base: usize) -> Option<u8> {
+    let data = &bytes[base..base + BULK_TENSORS * BULK_BYTES];
+    let fill = data[0];
+    uniform(data, fill).then_some(fill)
+}
+
+#[test]
+fn sigkill_during_bulk_commits_leaves_all_old_or_all_new() {
+    if common::fuse_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let model: PathBuf = dir.path().join("bulk.ptd");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let base = bulk_model(&model, 0x11);
+    let pristine = std::fs::read(&model).unwrap();
+    let journal = ptefs::edit::journal::journal_path(&model);
+    let mut rng = common::Rng::new(0xb01c_5eed_0000_0042);
+    let mut current = 0x11u8;
+    let (mut saw_old, mut saw_new, mut saw_journal) = (0, 0, 0);
+    for round in 0..30 {
+        let next = if current == 0x11 { 0x22 } else { 0x11 };
+        let mut child = mount(&model, &mnt);
+        let target = mnt.join("weights.safetensors");
+        let writer = std::thread::spawn(move || {
+            // Errors are expected: the daemon dies under the writer.
+            let _ = std::fs::write(&target, bulk_update(next));
+        });
+        std::thread::sleep(Duration::from_micros(rng.below(80_000)));
+        // SAFETY: a signal to the daemon this test started.
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGKILL);
+        }
+        let _ = child.wait();
+        common::force_unmount(&mnt);
+        writer.join().unwrap();
+
+        let after = std::fs::read(&model).unwrap();
+        assert_eq!(after.len(), pristine.len(), "round {round}: size changed");
+        assert_eq!(
+            &after[..base],
+            &pristine[..base],
+            "round {round}: the header or flatbuffer changed"
+        );
+        if journal.exists() {
+            saw_journal += 1;
+        } else {
+            let state = bulk_state(&after, base);
+            assert!(
+                state == Some(current) || state == Some(next),
+                "round {round}: a mix of old and new tensors with no journal to replay"
+            );
+        }
+
+        // The remount replays a whole journal and discards a torn one.
+        let mut child = mount(&model, &mnt);
+        let seen = std::fs::read(mnt.join("named_data/layer07.weight.bin")).unwrap();
+        common::force_unmount(&mnt);
+        let _ = child.kill();
+        let _ = child.wait();
+        let after = std::fs::read(&model).unwrap();
+        assert!(
+            !journal.exists(),
+            "round {round}: journal survived the remount"
+        );
+        let state = bulk_state(&after, base);
+        assert_eq!(
+            seen,
+            &after[base + 7 * BULK_BYTES..base + 8 * BULK_BYTES],
+            "round {round}: the mount showed other bytes than the file"
+        );
+        if state == Some(next) {
+            saw_new += 1;
+            current = next;
+        } else {
+            assert_eq!(state, Some(current), "round {round}: a mix after remount");
             saw_old += 1;
         }
     }

@@ -191,8 +191,27 @@ fn claim_name(meta: &std::fs::Metadata) -> String {
     format!("file-{}-{}.lock", meta.dev(), meta.ino())
 }
 
-/// Claims `model` for a mount on `mountpoint`, or says where it is mounted already.
-pub fn claim_file(model: &Path, mountpoint: &Path) -> Result<FileClaim> {
+/// Who holds a claim, as the next claimant is told.
+#[derive(Debug, Clone, Copy)]
+pub enum Holder<'a> {
+    Mount(&'a Path),
+    Apply,
+}
+
+impl Holder<'_> {
+    /// The first line of the claim file: "mounted on /mnt/m".
+    fn describe(&self) -> String {
+        match self {
+            Holder::Mount(p) => format!("mounted on {}", p.display()),
+            Holder::Apply => APPLYING.to_string(),
+        }
+    }
+}
+
+const APPLYING: &str = "being updated by ptefs apply";
+
+/// Claims `model` for `holder`, or says who holds it already.
+pub fn claim_file(model: &Path, holder: Holder) -> Result<FileClaim> {
     let meta = std::fs::metadata(model).map_err(|e| Error::io(model.display(), e))?;
     let name = claim_name(&meta);
     let mut last = None;
@@ -213,12 +232,17 @@ pub fn claim_file(model: &Path, mountpoint: &Path) -> Result<FileClaim> {
                 let mut holder = String::new();
                 let _ = std::io::Read::read_to_string(&mut file, &mut holder);
                 let mut lines = holder.lines();
-                let at = lines.next().unwrap_or("another mountpoint");
+                let at = lines.next().unwrap_or("mounted elsewhere");
                 let pid = lines.next().unwrap_or("?");
+                let advice = if at == APPLYING {
+                    "try again once it is done"
+                } else {
+                    "unmount it first"
+                };
                 return Err(Error::new(
                     libc::EBUSY,
                     format!(
-                        "{} is already mounted on {at} (ptefs daemon pid {pid}); unmount it first",
+                        "{} is already {at} (ptefs pid {pid}); {advice}",
                         model.display()
                     ),
                 ));
@@ -241,7 +265,7 @@ pub fn claim_file(model: &Path, mountpoint: &Path) -> Result<FileClaim> {
                 continue;
             }
             let _ = file.set_len(0);
-            let _ = write!(file, "{}\n{}\n", mountpoint.display(), std::process::id());
+            let _ = write!(file, "{}\n{}\n", holder.describe(), std::process::id());
             return Ok(FileClaim {
                 dir,
                 name,
@@ -268,7 +292,12 @@ impl FileClaim {
         let _ = self._file.set_len(0);
         let _ = std::os::unix::fs::FileExt::write_all_at(
             &self._file,
-            format!("{}\n{}\n", mountpoint.display(), std::process::id()).as_bytes(),
+            format!(
+                "{}\n{}\n",
+                Holder::Mount(mountpoint).describe(),
+                std::process::id()
+            )
+            .as_bytes(),
             0,
         );
     }

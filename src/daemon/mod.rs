@@ -8,11 +8,11 @@
 //! waits on), `unmount`, `options` (`-o`), `recovery` (interrupted commits).
 
 mod background;
-mod lock;
+pub(crate) mod lock;
 mod logging;
 mod mountinfo;
 mod options;
-mod recovery;
+pub(crate) mod recovery;
 mod serve;
 mod unmount;
 
@@ -146,7 +146,7 @@ pub fn mount(req: &MountRequest) -> Result<()> {
     // Each file is mounted once; the claims are held for the daemon's whole life.
     let mut claims = std::iter::once(&file)
         .chain(&data)
-        .map(|p| lock::claim_file(p, &mountpoint))
+        .map(|p| lock::claim_file(p, lock::Holder::Mount(&mountpoint)))
         .collect::<Result<Vec<_>>>()?;
     let (fuse_options, o_max_nodes) = own_options(&req.options)?;
     let max_nodes = req.max_nodes.or(o_max_nodes).unwrap_or(DEFAULT_MAX_NODES);

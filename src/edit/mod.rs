@@ -40,7 +40,13 @@ pub fn validate(model: &Model, target: &WriteTarget, data: Source) -> Result<()>
 pub fn commit<G>(
     model: &Model, target: &WriteTarget, data: Source, exclusive: impl Fn() -> G,
 ) -> Result<Outcome> {
-    match validate::plan(model, target, data)? {
+    commit_plan(model, validate::plan(model, target, data)?, exclusive)
+}
+
+/// Writes what a validated `plan` says: in place, one journal per file, or by re-laying a
+/// file out.
+pub fn commit_plan<G>(model: &Model, plan: Plan, exclusive: impl Fn() -> G) -> Result<Outcome> {
+    match plan {
         Plan::InPlace { mut writes } => {
             writes.sort_by_key(|(l, _)| (l.file, l.range.start()));
             let ranges: Vec<Location> = writes.iter().map(|(l, _)| *l).collect();

@@ -1,0 +1,170 @@
+//! `ptefs apply`: a bulk update from a safetensors file, without FUSE, through the same
+//! commit engine as a write of `weights.safetensors` on a mount (DESIGN.md §3.1).
+//!
+//! Invariants: the files are claimed as a mount claims them, so an update never runs while
+//! one of them is mounted (or being updated by another `apply`); an interrupted commit left
+//! beside a file is finished or discarded first, as a mount would; the update is checked
+//! whole before anything is written, and one mismatch refuses all of it; the changed
+//! tensors of each file are written with one journal, so after a crash each file holds all
+//! old or all new bytes. `--dry-run` writes nothing, and does not finish interrupted
+//! commits (it reports them).
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::daemon::{lock, recovery};
+use crate::edit::{self, bulk, Source};
+use crate::error::{Error, Result};
+use crate::format::safetensors::Entry;
+use crate::format::Model;
+use crate::tree::{Content, Tree};
+
+/// What `ptefs apply` was asked.
+#[derive(Debug, Clone)]
+pub struct ApplyRequest {
+    pub file: PathBuf,
+    pub data: Vec<PathBuf>,
+    pub update: PathBuf,
+    pub dry_run: bool,
+    pub max_nodes: u64,
+}
+
+/// The tensors of every `weights.safetensors` of `tree`, refusing names that more than one
+/// file uses when the update names them.
+fn entries_of(tree: &Tree, model: &Model, named: &[String]) -> Result<Vec<Entry>> {
+    let mut entries: Vec<Entry> = Vec::new();
+    let mut files_of: HashMap<String, Vec<usize>> = HashMap::new();
+    for node in &tree.nodes {
+        if let Content::Weights(w) = &node.content {
+            for e in w.entries.iter() {
+                files_of
+                    .entry(e.name.clone())
+                    .or_default()
+                    .push(e.location.file);
+                entries.push(e.clone());
+            }
+        }
+    }
+    let ambiguous: Vec<String> = named
+        .iter()
+        .filter_map(|n| {
+            let files = files_of.get(n).filter(|f| f.len() > 1)?;
+            let paths: Vec<String> = files
+                .iter()
+                .map(|&f| model.files[f].path.display().to_string())
+                .collect();
+            Some(format!("\"{n}\" is a tensor of {}", paths.join(" and ")))
+        })
+        .collect();
+    if !ambiguous.is_empty() {
+        return Err(Error::invalid(format!(
+            "the update names tensors more than one file has, so nothing was written: {}; apply it to each file on its own",
+            ambiguous.join("; ")
+        )));
+    }
+    Ok(entries)
+}
+
+/// Runs `ptefs apply`, printing what changed (or would) to `out`.
+pub fn apply(req: &ApplyRequest, out: &mut dyn Write) -> Result<bulk::Summary> {
+    let canonical = |p: &Path| {
+        p.canonicalize()
+            .map_err(|e| Error::io(format!("{}", p.display()), e))
+    };
+    let file = canonical(&req.file)?;
+    let data = req
+        .data
+        .iter()
+        .map(|d| canonical(d))
+        .collect::<Result<Vec<_>>>()?;
+    let paths: Vec<&PathBuf> = std::iter::once(&file).chain(&data).collect();
+    let _claims = paths
+        .iter()
+        .map(|p| lock::claim_file(p, lock::Holder::Apply))
+        .collect::<Result<Vec<_>>>()?;
+    if req.dry_run {
+        for warning in crate::offline::interrupted_commits(&file, &data) {
+            eprintln!("ptefs: warning: {warning}");
+        }
+    } else {
+        for p in &paths {
+            recovery::recover(p, true)?;
+        }
+    }
+
+    let update = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&req.update)
+        .map_err(|e| Error::io(format!("open {}", req.update.display()), e))?;
+    let meta = update
+        .metadata()
+        .map_err(|e| Error::io(format!("stat {}", req.update.display()), e))?;
+    if !meta.is_file() {
+        return Err(Error::invalid(format!(
+            "{}: not a regular file",
+            req.update.display()
+        )));
+    }
+    let source = Source::File {
+        file: &update,
+        offset: 0,
+        len: meta.len(),
+    };
+    let header = bulk::read_header(source).map_err(|e| e.context(req.update.display()))?;
+    let named: Vec<String> = header.tensors.iter().map(|t| t.name.clone()).collect();
+
+    let model = if req.dry_run {
+        Model::open(&file, &data)?
+    } else {
+        Model::open_writable(&file, &data)?
+    };
+    let model = Arc::new(model);
+    let tree = Tree::build_limited(model.clone(), req.max_nodes)?;
+    let entries = entries_of(&tree, &model, &named)?;
+    let (plan, summary) =
+        bulk::plan(&model, &entries, source).map_err(|e| e.context(req.update.display()))?;
+    if !req.dry_run {
+        if let edit::Plan::InPlace { writes } = &plan {
+            for (l, _) in writes {
+                let f = &model.files[l.file];
+                if !f.writable {
+                    return Err(Error::new(
+                        libc::EACCES,
+                        format!(
+                            "{}: not writable by this user, so nothing was written",
+                            f.path.display()
+                        ),
+                    ));
+                }
+            }
+        }
+        edit::commit_plan(&model, plan, || ())?;
+    }
+    report(&summary, req.dry_run, out).map_err(|e| Error::io("standard output", e))?;
+    Ok(summary)
+}
+
+fn report(summary: &bulk::Summary, dry_run: bool, out: &mut dyn Write) -> std::io::Result<()> {
+    let (changed, written) = if dry_run {
+        ("would change", "would be written")
+    } else {
+        ("changed", "written")
+    };
+    for name in &summary.changed {
+        writeln!(out, "{changed}\t{name}")?;
+    }
+    for name in &summary.unchanged {
+        writeln!(out, "unchanged\t{name}")?;
+    }
+    writeln!(
+        out,
+        "{} tensor(s) {changed}, {} unchanged, {} bytes {written}",
+        summary.changed.len(),
+        summary.unchanged.len(),
+        summary.bytes
+    )
+}

@@ -1,0 +1,243 @@
+//! `ptefs apply`: bulk updates from a safetensors file without FUSE, run as the binary a
+//! user runs. The tensors and their bytes come from the model's own `weights.safetensors`
+//! (`ptefs cat`), so every check compares against what the tree shows.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::mount::{run, text, Mount, BIN};
+use common::{copy_fixture, fuse_missing, pattern, Copied};
+use serde_json::{json, Value};
+
+/// `ptefs <args>`: success, stdout, stderr.
+fn ptefs(args: &[&str]) -> (bool, String, String) {
+    let out = run(Command::new(BIN).args(args));
+    (out.status.success(), text(&out.stdout), text(&out.stderr))
+}
+
+fn arg(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// The header (without `__metadata__`) and data part of a safetensors file.
+fn split(raw: &[u8]) -> (serde_json::Map<String, Value>, &[u8]) {
+    let n = u64::from_le_bytes(raw[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Map<String, Value> =
+        serde_json::from_slice(&raw[8..8 + n]).unwrap();
+    header.remove("__metadata__");
+    (header, &raw[8 + n..])
+}
+
+/// The `weights.safetensors` at `path` in the tree of `c`, read with `ptefs cat`.
+fn weights(c: &Copied, path: &str) -> Vec<u8> {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("cat").arg(&c.model).arg(path);
+    for d in &c.data {
+        cmd.arg("--data").arg(d);
+    }
+    let out = run(&mut cmd);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    out.stdout
+}
+
+/// One tensor's bytes in a safetensors file.
+fn tensor<'a>(raw: &'a [u8], name: &str) -> &'a [u8] {
+    let (header, data) = split(raw);
+    let offsets = &header[name]["data_offsets"];
+    let (b, e) = (
+        offsets[0].as_u64().unwrap() as usize,
+        offsets[1].as_u64().unwrap() as usize,
+    );
+    &data[b..e]
+}
+
+/// A safetensors file of `tensors`: (name, dtype, shape, bytes).
+fn safetensors(tensors: &[(&str, &str, Vec<u64>, Vec<u8>)]) -> Vec<u8> {
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (name, dtype, shape, bytes) in tensors {
+        header.insert(
+            name.to_string(),
+            json!({"dtype": dtype, "shape": shape, "data_offsets": [data.len(), data.len() + bytes.len()]}),
+        );
+        data.extend_from_slice(bytes);
+    }
+    let mut h = serde_json::to_vec(&Value::Object(header)).unwrap();
+    while h.len() % 8 != 0 {
+        h.push(b' ');
+    }
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&h);
+    out.extend_from_slice(&data);
+    out
+}
+
+fn apply_args<'a>(c: &'a Copied, update: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["apply", arg(&c.model), arg(update)];
+    for d in &c.data {
+        args.push("--data");
+        args.push(arg(d));
+    }
+    args.extend_from_slice(extra);
+    args
+}
+
+#[test]
+fn apply_writes_the_changed_tensors_of_an_attached_file_and_reports_them() {
+    let c = copy_fixture("linear_ext.pte");
+    let tree_path = "data/linear_ext/weights.safetensors";
+    let before = weights(&c, tree_path);
+    let pte_before = std::fs::read(&c.model).unwrap();
+    let update = c.root.join("update.safetensors");
+    let new_weight = pattern(48, 4);
+    std::fs::write(
+        &update,
+        safetensors(&[
+            ("lin.weight", "F32", vec![3, 4], new_weight.clone()),
+            (
+                "lin.bias",
+                "F32",
+                vec![3],
+                tensor(&before, "lin.bias").to_vec(),
+            ),
+        ]),
+    )
+    .unwrap();
+
+    // A dry run says what would change and writes nothing.
+    let ptd_before = std::fs::read(&c.data[0]).unwrap();
+    let (ok, out, err) = ptefs(&apply_args(&c, &update, &["--dry-run"]));
+    assert!(ok, "{err}");
+    assert!(out.contains("would change\tlin.weight"), "{out}");
+    assert!(out.contains("unchanged\tlin.bias"), "{out}");
+    assert!(
+        out.contains("1 tensor(s) would change, 1 unchanged, 48 bytes would be written"),
+        "{out}"
+    );
+    assert_eq!(std::fs::read(&c.data[0]).unwrap(), ptd_before);
+
+    let (ok, out, err) = ptefs(&apply_args(&c, &update, &[]));
+    assert!(ok, "{err}");
+    assert!(out.contains("changed\tlin.weight"), "{out}");
+    assert!(
+        out.contains("1 tensor(s) changed, 1 unchanged, 48 bytes written"),
+        "{out}"
+    );
+    let after = weights(&c, tree_path);
+    assert_eq!(tensor(&after, "lin.weight"), &new_weight[..]);
+    assert_eq!(tensor(&after, "lin.bias"), tensor(&before, "lin.bias"));
+    // Only the weight's bytes changed, in place; the program file is untouched.
+    let ptd_after = std::fs::read(&c.data[0]).unwrap();
+    assert_eq!(ptd_after.len(), ptd_before.len());
+    let differing = ptd_after
+        .iter()
+        .zip(&ptd_before)
+        .filter(|(a, b)| a != b)
+        .count();
+    assert!(differing > 0 && differing <= 48, "{differing} bytes differ");
+    assert_eq!(std::fs::read(&c.model).unwrap(), pte_before);
+    let (ok, out, _) = ptefs(&["check", arg(&c.model), "--data", arg(&c.data[0])]);
+    assert!(ok, "{out}");
+
+    // The same update again changes nothing.
+    let (ok, out, err) = ptefs(&apply_args(&c, &update, &[]));
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("0 tensor(s) changed, 2 unchanged, 0 bytes written"),
+        "{out}"
+    );
+}
+
+#[test]
+fn one_tensor_that_does_not_fit_refuses_the_whole_update() {
+    let c = copy_fixture("linear_ext.pte");
+    let update = c.root.join("update.safetensors");
+    std::fs::write(
+        &update,
+        safetensors(&[
+            ("lin.weight", "F32", vec![3, 4], pattern(48, 1)),
+            ("lin.bias", "F32", vec![4], pattern(16, 2)),
+            ("nope", "F32", vec![1], pattern(4, 3)),
+        ]),
+    )
+    .unwrap();
+    let ptd_before = std::fs::read(&c.data[0]).unwrap();
+    let (ok, out, err) = ptefs(&apply_args(&c, &update, &[]));
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("\"lin.bias\": expected F32[3], found F32[4]"),
+        "{err}"
+    );
+    assert!(err.contains("\"nope\": no such tensor"), "{err}");
+    assert!(err.contains("nothing was written"), "{err}");
+    assert_eq!(std::fs::read(&c.data[0]).unwrap(), ptd_before);
+
+    // Not a safetensors file: refused, naming it.
+    std::fs::write(&update, b"not safetensors at all").unwrap();
+    let (ok, _, err) = ptefs(&apply_args(&c, &update, &[]));
+    assert!(!ok);
+    assert!(err.contains("update.safetensors"), "{err}");
+    assert_eq!(std::fs::read(&c.data[0]).unwrap(), ptd_before);
+}
+
+#[test]
+fn the_whole_weights_file_of_a_model_applies_back_as_a_no_op_then_as_new_values() {
+    let c = copy_fixture("linear.pte");
+    let before = weights(&c, "weights.safetensors");
+    let update = c.root.join("all.safetensors");
+    std::fs::write(&update, &before).unwrap();
+    let (ok, out, err) = ptefs(&apply_args(&c, &update, &[]));
+    assert!(ok, "{err}");
+    assert!(out.contains(" 0 bytes written"), "{out}");
+
+    // Every tensor new: each one changes, with exactly its bytes.
+    let (header, _) = split(&before);
+    let mut tensors = Vec::new();
+    for (i, (name, t)) in header.iter().enumerate() {
+        let shape: Vec<u64> = t["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap())
+            .collect();
+        let len = tensor(&before, name).len();
+        tensors.push((
+            name.as_str(),
+            t["dtype"].as_str().unwrap(),
+            shape,
+            pattern(len, i as u8 + 7),
+        ));
+    }
+    std::fs::write(&update, safetensors(&tensors)).unwrap();
+    let (ok, out, err) = ptefs(&apply_args(&c, &update, &[]));
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(&format!("{} tensor(s) changed, 0 unchanged", tensors.len())),
+        "{out}"
+    );
+    let after = weights(&c, "weights.safetensors");
+    for (name, _, _, bytes) in &tensors {
+        assert_eq!(tensor(&after, name), &bytes[..], "{name}");
+    }
+}
+
+#[test]
+fn apply_refuses_while_the_file_is_mounted_naming_the_mountpoint() {
+    if fuse_missing() {
+        return;
+    }
+    let m = Mount::new(&common::fixtures_dir().join("linear.pte"), &[], &[]);
+    let before = std::fs::read(&m.model).unwrap();
+    let raw = std::fs::read(m.path("weights.safetensors")).unwrap();
+    let update = m.dir.path().join("u.safetensors");
+    std::fs::write(&update, &raw).unwrap();
+    let (ok, _, err) = ptefs(&["apply", arg(&m.model), arg(&update)]);
+    assert!(!ok);
+    assert!(
+        err.contains(&format!("already mounted on {}", m.mnt.display())),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&m.model).unwrap(), before);
+}
