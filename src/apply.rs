@@ -125,21 +125,20 @@ pub fn apply(req: &ApplyRequest, out: &mut dyn Write) -> Result<bulk::Summary> {
     let model = Arc::new(model);
     let tree = Tree::build_limited(model.clone(), req.max_nodes)?;
     let entries = entries_of(&tree, &model, &named)?;
-    let (plan, summary) =
-        bulk::plan(&model, &entries, source).map_err(|e| e.context(req.update.display()))?;
+    let (plan, summary) = bulk::plan(&model, &entries, source)
+        .and_then(|(plan, summary)| Ok((edit::identity::separate(&model, plan)?, summary)))
+        .map_err(|e| e.context(req.update.display()))?;
     if !req.dry_run {
-        if let edit::Plan::InPlace { writes } = &plan {
-            for (l, _) in writes {
-                let f = &model.files[l.file];
-                if !f.writable {
-                    return Err(Error::new(
-                        libc::EACCES,
-                        format!(
-                            "{}: not writable by this user, so nothing was written",
-                            f.path.display()
-                        ),
-                    ));
-                }
+        for f in plan.files() {
+            let f = &model.files[f];
+            if !f.writable {
+                return Err(Error::new(
+                    libc::EACCES,
+                    format!(
+                        "{}: not writable by this user, so nothing was written",
+                        f.path.display()
+                    ),
+                ));
             }
         }
         edit::commit_plan(&model, plan, || ())?;

@@ -13,9 +13,9 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 
-use common::{copy_fixture, pattern, top_fixtures, Copied};
+use common::{copy_fixture, open, pattern, replace, top_fixtures, Copied};
 use ptefs::format::{Model, WriteTarget};
-use ptefs::fs::{Fs, Options, RenameMode, SetAttr};
+use ptefs::fs::{Fs, RenameMode, SetAttr};
 use ptefs::tree::{Content, Ino, Tree};
 
 /// Every fixture of `tests/fixtures` (not `extra`), by file name.
@@ -26,32 +26,9 @@ fn fixtures() -> Vec<String> {
         .collect()
 }
 
-fn open(c: &Copied, read_only: bool) -> Fs {
-    let model = if read_only {
-        Model::open(&c.model, &c.data).unwrap()
-    } else {
-        Model::open_writable(&c.model, &c.data).unwrap()
-    };
-    Fs::new(Tree::build(Arc::new(model)), Options { read_only })
-}
-
 /// The whole content of a file of the tree.
 fn read_all(fs: &Fs, ino: Ino) -> Vec<u8> {
     common::read_all(fs, ino, 1 << 20).unwrap()
-}
-
-/// Replaces the whole content of `path` the way `cp` does: O_TRUNC, write, close.
-fn replace(fs: &Fs, path: &str, data: &[u8]) -> Result<(), ptefs::error::Error> {
-    let ino = fs.tree().find(path).unwrap_or_else(|| panic!("{path}"));
-    let fh = fs.open(ino, libc::O_WRONLY | libc::O_TRUNC)?.fh;
-    let mut off = 0;
-    for chunk in data.chunks(7 + data.len() / 3) {
-        fs.write(fh, off, chunk)?;
-        off += chunk.len() as u64;
-    }
-    let flushed = fs.flush(fh);
-    fs.release(fh)?;
-    flushed.map(|_| ())
 }
 
 /// `truncate(2)` of a file of the tree.
@@ -83,10 +60,18 @@ fn linear_weight() -> (Copied, Fs, Vec<u8>, Ino) {
     (c, fs, before, ino)
 }
 
-/// Every writable file whose content is a plain range (tensor .bin, blobs, payloads, segments).
+/// Every writable file whose content is a plain range (tensor .bin, blobs, payloads, segments)
+/// and that a same-size write replaces in place: not the tensors that share their bytes with
+/// distinct tensors, which get bytes of their own (`tests/identity.rs`).
 fn raw_writable(tree: &Tree) -> Vec<(String, ptefs::format::layout::Location, bool)> {
     let mut out = Vec::new();
     for (i, n) in tree.nodes.iter().enumerate() {
+        if n.write
+            .as_ref()
+            .is_some_and(|w| common::separates(&tree.model, w))
+        {
+            continue;
+        }
         if let (Some(w), Content::Range(loc)) = (&n.write, &n.content) {
             let resizable = matches!(
                 w,
@@ -148,6 +133,11 @@ fn npy_edit_writes_only_the_data_part() {
             .nodes
             .iter()
             .enumerate()
+            .filter(|(_, n)| {
+                !n.write
+                    .as_ref()
+                    .is_some_and(|w| common::separates(&tree.model, w))
+            })
             .filter_map(|(i, n)| match &n.content {
                 Content::Npy { header, location } => {
                     Some((tree.path(i as u64 + 1), header.clone(), *location))

@@ -7,12 +7,13 @@
 //! scales shared with another value are never rewritten (the write is refused instead).
 
 use super::source::{Bytes, Source};
-use super::validate::Plan;
+use super::validate::{Plan, Write};
 use crate::backend::xnnpack::placed::{keeps_scales, locate, Placed};
 use crate::backend::xnnpack::{self, ConstantRef, KeyRole, XnnGraph};
 use crate::backend::{decode_payload, BackendView};
 use crate::error::{Error, Result};
 use crate::format::layout::Location;
+use crate::format::sharing::TensorId;
 use crate::format::{npy, Model};
 
 /// The decoded payload of delegate `delegate` of plan `plan`, and where it is.
@@ -71,6 +72,17 @@ fn other_reader(model: &Model, key: &str, plan: usize, delegate: usize, id: u32)
         }
     }
     None
+}
+
+/// The named-data entry a constant's bytes are, when they are named data.
+fn key_of(model: &Model, r: Option<&ConstantRef>) -> Option<TensorId> {
+    match r? {
+        ConstantRef::Named { key, .. } => {
+            let (file, k, _) = model.named_blob(key)?;
+            Some(TensorId::key(file, k))
+        }
+        ConstantRef::Payload { .. } => None,
+    }
 }
 
 /// Reads `n` little-endian float32 values from `source`.
@@ -174,7 +186,11 @@ pub fn plan<'a>(
             .requantize_with_scales(&input, &mut weights, stored)
             .map_err(refuse)?;
         return Ok(Plan::InPlace {
-            writes: vec![(data_at, Bytes::Owned(weights))],
+            writes: vec![Write {
+                location: data_at,
+                bytes: Bytes::Owned(weights),
+                of: key_of(model, v.constant.as_ref()),
+            }],
         });
     }
     let scale_ref = v.quant.as_ref().and_then(|q| q.scale_ref());
@@ -195,7 +211,17 @@ pub fn plan<'a>(
     layout
         .requantize(&input, &mut weights, &mut scales)
         .map_err(refuse)?;
-    let mut writes = vec![(data_at, Bytes::Owned(weights))];
-    writes.push((scales_at, Bytes::Owned(scales)));
+    let writes = vec![
+        Write {
+            location: data_at,
+            bytes: Bytes::Owned(weights),
+            of: key_of(model, v.constant.as_ref()),
+        },
+        Write {
+            location: scales_at,
+            bytes: Bytes::Owned(scales),
+            of: key_of(model, scale_ref.as_ref().map(|s| &s.bytes)),
+        },
+    ];
     Ok(Plan::InPlace { writes })
 }

@@ -65,6 +65,8 @@ pub struct Entry {
     pub location: super::layout::Location,
     /// The tree path that shows the tensor (`plans/forward/values/0`), for `__metadata__`.
     pub path: String,
+    /// The tensor, so that a write keeps it apart from distinct tensors sharing its bytes.
+    pub of: super::sharing::TensorId,
 }
 
 /// One tensor of a safetensors file.

@@ -66,7 +66,9 @@ fn wants_write(flags: i32) -> bool {
 /// How large the content of a writable file may become, and why.
 fn size_limit(target: &WriteTarget, path: &str, current: u64) -> (u64, String) {
     match target {
-        WriteTarget::TensorBin { location, shape } => (
+        WriteTarget::TensorBin {
+            location, shape, ..
+        } => (
             location.range.len(),
             format!(
                 "{path} holds the {} bytes of {}",
@@ -74,7 +76,9 @@ fn size_limit(target: &WriteTarget, path: &str, current: u64) -> (u64, String) {
                 shape.describe()
             ),
         ),
-        WriteTarget::TensorNpy { location, shape } => (
+        WriteTarget::TensorNpy {
+            location, shape, ..
+        } => (
             location.range.len() + NPY_HEADER_MAX,
             format!(
                 "{path} holds a .npy header and the {} bytes of {}",
@@ -92,7 +96,7 @@ fn size_limit(target: &WriteTarget, path: &str, current: u64) -> (u64, String) {
             MAX_RESIZABLE,
             format!("{path}: named data and delegate payloads grow to at most 16 GiB"),
         ),
-        WriteTarget::PayloadConstant { location, what } => (
+        WriteTarget::PayloadConstant { location, what, .. } => (
             location.range.len(),
             format!("{path} holds the {} bytes of {what}", location.range.len()),
         ),
