@@ -41,10 +41,20 @@ def inputs_to_tensors(torch, inputs):
     return out
 
 
+def register_imports(runtime_check):
+    """Imports the modules a `runtime_check` lists under `imports`: they register the custom
+    kernels its program calls (the LLM exports' `llama::custom_sdpa`, for one)."""
+    import importlib
+
+    for name in runtime_check.get("imports", []):
+        importlib.import_module(name)
+
+
 def manifest_io(torch, manifest):
     """The inputs of a manifest's `runtime_check`, and its expected output as a float32
     tensor."""
     rc = manifest["runtime_check"]
+    register_imports(rc)
     inputs = inputs_to_tensors(torch, rc["inputs"])
     exp = rc["expected"]
     expected = torch.tensor(exp["values"], dtype=torch.float32).reshape(exp["shape"])
