@@ -456,7 +456,27 @@ fn bulk_updates_keep_distinct_tensors_apart() {
         }
     }
 
-    // The same update through `ptefs apply`, on a fresh copy.
+    // Every tensor on the buffer written at once: each gets its bytes, and the buffer stays
+    // in use (one of them keeps it), so the file gains two buffers, not three.
+    let c = common::copy_fixture(name);
+    let fs = open(&c, false);
+    let buffers = |fs: &Fs| constant_buffers(&fs.tree().model);
+    let before_count = buffers(&fs);
+    let all: Vec<(String, &str, Vec<u64>, Vec<u8>)> = shared
+        .iter()
+        .enumerate()
+        .map(|(k, e)| {
+            let bytes = pattern(e.location.range.len() as usize, 120 + k as u8);
+            (e.name.clone(), e.dtype, e.shape.clone(), bytes)
+        })
+        .collect();
+    replace(&fs, "weights.safetensors", &safetensors(&all)).unwrap();
+    for (e, (_, _, _, bytes)) in shared.iter().zip(&all) {
+        assert_eq!(&read(&fs, &format!("{}.bin", e.path)), bytes, "{}", e.path);
+    }
+    assert_eq!(buffers(&fs), before_count + 2);
+
+    // The first update through `ptefs apply`, on a fresh copy.
     let c = common::copy_fixture(name);
     let upd = c.root.join("update.safetensors");
     std::fs::write(&upd, &update).unwrap();
@@ -523,6 +543,19 @@ print("ok")
 fn read(fs: &Fs, path: &str) -> Vec<u8> {
     let ino = fs.tree().find(path).unwrap_or_else(|| panic!("{path}"));
     common::read_all(fs, ino, 1 << 16).unwrap()
+}
+
+/// How many buffers the constant segment of the `.pte` has.
+fn constant_buffers(model: &Arc<Model>) -> usize {
+    match &model.files[0].kind {
+        Kind::Pte(p) => p
+            .program
+            .constant_segment
+            .as_ref()
+            .and_then(|c| c.offsets.as_ref())
+            .map_or(0, Vec::len),
+        Kind::Ptd(_) => panic!("file 0 is a .pte"),
+    }
 }
 
 fn ptd_segments(model: &Arc<Model>) -> usize {
