@@ -17,7 +17,7 @@ use super::Bytes;
 use crate::error::Result;
 use crate::format::layout::{FileIndex, Location};
 use crate::format::range::ByteRange;
-use crate::format::sharing::{relation, Identity, Relation, SharedBytes, TensorId};
+use crate::format::sharing::{relation, Identity, Relation, TensorId};
 use crate::format::Model;
 
 /// `plan`, with every tensor it writes whose bytes are shared with a distinct tensor given
@@ -29,7 +29,7 @@ pub fn separate<'a>(model: &Model, plan: Plan<'a>) -> Result<Plan<'a>> {
     if writes.iter().all(|w| w.of.is_none()) {
         return Ok(Plan::InPlace { writes });
     }
-    let shared = SharedBytes::of(model);
+    let shared = model.shared_bytes();
     let mut ranges: HashMap<Location, Range> = HashMap::new();
     for w in &writes {
         if let Some(id) = w.of {
