@@ -1310,3 +1310,63 @@ fn mount_warns_about_what_check_reports_and_names_the_data_file_beside() {
     assert!(err.contains("--data"), "{err}");
     assert!(err.contains("linear_ext.ptd"), "{err}");
 }
+
+/// `diff -r` of two mounts of equal copies in different directories finds nothing: no
+/// generated file names the directory. `file` in the JSON is the file's name, which with
+/// `file_offset` is what `xxd -s` reads from the model's directory; `user.ptefs.file` keeps
+/// each copy's absolute path.
+#[test]
+fn diff_r_of_mounts_of_copies_in_different_directories_is_empty() {
+    if fuse_missing() {
+        return;
+    }
+    for name in ["linear_ext.pte", "llama_8da4w.pte", "xnn_qb4_linear.pte"] {
+        let fx = Fixture::named(name);
+        let a = Mount::new(&fx.file, &fx.data, &[]);
+        let b = Mount::new(&fx.file, &fx.data, &[]);
+        let diff = run(Command::new("diff").arg("-r").arg(&a.mnt).arg(&b.mnt));
+        assert!(
+            diff.status.success() && diff.stdout.is_empty(),
+            "{name}: diff -r {} {}:\n{}{}",
+            a.mnt.display(),
+            b.mnt.display(),
+            text(&diff.stdout),
+            text(&diff.stderr)
+        );
+        // What diff compared: every file, including a value `.json` with a location.
+        let value = paths_of(&fx.tree, |p| {
+            p.ends_with(".json") && (p.contains("/values/") || p.contains("named_data/"))
+        })
+        .into_iter()
+        .find(|p| {
+            let j: Value = serde_json::from_slice(&std::fs::read(a.path(p)).unwrap()).unwrap();
+            j["file"].is_string()
+        })
+        .unwrap_or_else(|| panic!("{name}: no .json with a file"));
+        for m in [&a, &b] {
+            let j: Value = serde_json::from_slice(&std::fs::read(m.path(&value)).unwrap()).unwrap();
+            let file = j["file"].as_str().unwrap();
+            let dir = m.model.parent().unwrap();
+            assert!(
+                m.model.file_name().unwrap() == file
+                    || m.data.iter().any(|d| d.file_name().unwrap() == file),
+                "{name}: {value} file {file:?}"
+            );
+            let bin = m.path(&format!("{}.bin", value.trim_end_matches(".json")));
+            let len = std::fs::metadata(&bin).unwrap().len().to_string();
+            let offset = j["file_offset"].as_u64().unwrap().to_string();
+            let via_json = tool(
+                Command::new("xxd")
+                    .args(["-p", "-s", &offset, "-l", &len, file])
+                    .current_dir(dir),
+            );
+            assert_eq!(
+                via_json,
+                tool(Command::new("xxd").arg("-p").arg(&bin)),
+                "{name}: {value}"
+            );
+            let xattr = getxattr(&bin, "user.ptefs.file").unwrap();
+            assert_eq!(Path::new(&xattr), dir.join(file), "{name}: {value}");
+        }
+    }
+}
