@@ -1370,3 +1370,72 @@ fn diff_r_of_mounts_of_copies_in_different_directories_is_empty() {
         }
     }
 }
+
+/// A bfloat16 tensor's `.npy` (`|V2`, which NumPy lacks) also takes the `uint16` and `int16`
+/// arrays NumPy users hold such tensors in, of the same shape; other shapes and big-endian
+/// arrays are refused with EINVAL, leaving the file as it was.
+#[test]
+fn uint16_and_int16_arrays_replace_a_bfloat16_npy_of_the_same_shape() {
+    if fuse_missing() {
+        return;
+    }
+    for (name, npy) in [
+        ("bf16_linear.pte", "plans/forward/values/0.npy"),
+        (
+            "xnn_bf16_linear.pte",
+            "plans/forward/delegates/0/xnnpack/values/1.npy",
+        ),
+    ] {
+        let fx = Fixture::named(name);
+        let m = Mount::new(&fx.file, &fx.data, &[]);
+        let f = m.path(npy);
+        let dtype = getxattr(&f, "user.ptefs.dtype").unwrap();
+        assert!(
+            dtype == "BFLOAT16" || dtype == "bf16",
+            "{name}: {npy} is {dtype}"
+        );
+        let offset: usize = getxattr(&f, "user.ptefs.offset").unwrap().parse().unwrap();
+        let backing = PathBuf::from(getxattr(&f, "user.ptefs.file").unwrap());
+        for view in ["uint16", "int16"] {
+            let (ok, out, errs) = py(
+                r#"
+import sys, numpy
+p, view = sys.argv[1], sys.argv[2]
+a = numpy.load(p)
+assert a.dtype.str == '|V2', a.dtype.str
+b = a.view(view) ^ numpy.array(1, dtype=view)
+numpy.save(p, b)
+c = numpy.load(p)
+assert c.dtype.str == '|V2' and c.shape == a.shape and c.tobytes() == b.tobytes(), "not saved"
+sys.stdout.write(b.tobytes().hex())
+"#,
+                &[f.to_str().unwrap(), view],
+            );
+            assert!(ok, "{name}: numpy.save of a {view} view: {errs}");
+            let new: Vec<u8> = (0..out.len() / 2)
+                .map(|i| u8::from_str_radix(&out[2 * i..2 * i + 2], 16).unwrap())
+                .collect();
+            let file = std::fs::read(&backing).unwrap();
+            assert_eq!(
+                &file[offset..offset + new.len()],
+                &new[..],
+                "{name}: {view}"
+            );
+        }
+        let before = std::fs::read(&backing).unwrap();
+        for bad in [
+            "a.view('uint16').reshape((1,) + a.shape)",
+            "a.view('uint16').astype('>u2')",
+            "a.view('uint16').astype('uint32')",
+        ] {
+            let errno = py_errno(
+                &format!(
+                    "import numpy\na = numpy.load(sys.argv[1])\nnumpy.save(sys.argv[1], {bad})"
+                ),
+                &[f.to_str().unwrap()],
+            );
+            assert_eq!(errno, "EINVAL", "{name}: {bad}");
+        }
+        assert_eq!(std::fs::read(&backing).unwrap(), before, "{name}");
+    }
+}
