@@ -1327,3 +1327,132 @@ fn mount_warns_about_what_check_reports_and_names_the_data_file_beside() {
     assert!(err.contains("--data"), "{err}");
     assert!(err.contains("linear_ext.ptd"), "{err}");
 }
+
+/// `diff -r` of two mounts of equal copies in different directories finds nothing: no
+/// generated file names the directory. `file` in the JSON is the file's name, which with
+/// `file_offset` is what `xxd -s` reads from the model's directory; `user.ptefs.file` keeps
+/// each copy's absolute path.
+#[test]
+fn diff_r_of_mounts_of_copies_in_different_directories_is_empty() {
+    if fuse_missing() {
+        return;
+    }
+    for name in ["linear_ext.pte", "llama_8da4w.pte", "xnn_qb4_linear.pte"] {
+        let fx = Fixture::named(name);
+        let a = Mount::new(&fx.file, &fx.data, &[]);
+        let b = Mount::new(&fx.file, &fx.data, &[]);
+        let diff = run(Command::new("diff").arg("-r").arg(&a.mnt).arg(&b.mnt));
+        assert!(
+            diff.status.success() && diff.stdout.is_empty(),
+            "{name}: diff -r {} {}:\n{}{}",
+            a.mnt.display(),
+            b.mnt.display(),
+            text(&diff.stdout),
+            text(&diff.stderr)
+        );
+        // What diff compared: every file, including a value `.json` with a location.
+        let value = paths_of(&fx.tree, |p| {
+            p.ends_with(".json") && (p.contains("/values/") || p.contains("named_data/"))
+        })
+        .into_iter()
+        .find(|p| {
+            let j: Value = serde_json::from_slice(&std::fs::read(a.path(p)).unwrap()).unwrap();
+            j["file"].is_string()
+        })
+        .unwrap_or_else(|| panic!("{name}: no .json with a file"));
+        for m in [&a, &b] {
+            let j: Value = serde_json::from_slice(&std::fs::read(m.path(&value)).unwrap()).unwrap();
+            let file = j["file"].as_str().unwrap();
+            let dir = m.model.parent().unwrap();
+            assert!(
+                m.model.file_name().unwrap() == file
+                    || m.data.iter().any(|d| d.file_name().unwrap() == file),
+                "{name}: {value} file {file:?}"
+            );
+            let bin = m.path(&format!("{}.bin", value.trim_end_matches(".json")));
+            let len = std::fs::metadata(&bin).unwrap().len().to_string();
+            let offset = j["file_offset"].as_u64().unwrap().to_string();
+            let via_json = tool(
+                Command::new("xxd")
+                    .args(["-p", "-s", &offset, "-l", &len, file])
+                    .current_dir(dir),
+            );
+            assert_eq!(
+                via_json,
+                tool(Command::new("xxd").arg("-p").arg(&bin)),
+                "{name}: {value}"
+            );
+            let xattr = getxattr(&bin, "user.ptefs.file").unwrap();
+            assert_eq!(Path::new(&xattr), dir.join(file), "{name}: {value}");
+        }
+    }
+}
+
+/// A bfloat16 tensor's `.npy` (`|V2`, which NumPy lacks) also takes the `uint16` and `int16`
+/// arrays NumPy users hold such tensors in, of the same shape; other shapes and big-endian
+/// arrays are refused with EINVAL, leaving the file as it was.
+#[test]
+fn uint16_and_int16_arrays_replace_a_bfloat16_npy_of_the_same_shape() {
+    if fuse_missing() {
+        return;
+    }
+    for (name, npy) in [
+        ("bf16_linear.pte", "plans/forward/values/0.npy"),
+        (
+            "xnn_bf16_linear.pte",
+            "plans/forward/delegates/0/xnnpack/values/1.npy",
+        ),
+    ] {
+        let fx = Fixture::named(name);
+        let m = Mount::new(&fx.file, &fx.data, &[]);
+        let f = m.path(npy);
+        let dtype = getxattr(&f, "user.ptefs.dtype").unwrap();
+        assert!(
+            dtype == "BFLOAT16" || dtype == "bf16",
+            "{name}: {npy} is {dtype}"
+        );
+        let offset: usize = getxattr(&f, "user.ptefs.offset").unwrap().parse().unwrap();
+        let backing = PathBuf::from(getxattr(&f, "user.ptefs.file").unwrap());
+        for view in ["uint16", "int16"] {
+            let (ok, out, errs) = py(
+                r#"
+import sys, numpy
+p, view = sys.argv[1], sys.argv[2]
+a = numpy.load(p)
+assert a.dtype.str == '|V2', a.dtype.str
+b = a.view(view) ^ numpy.array(1, dtype=view)
+numpy.save(p, b)
+c = numpy.load(p)
+assert c.dtype.str == '|V2' and c.shape == a.shape and c.tobytes() == b.tobytes(), "not saved"
+sys.stdout.write(b.tobytes().hex())
+"#,
+                &[f.to_str().unwrap(), view],
+            );
+            assert!(ok, "{name}: numpy.save of a {view} view: {errs}");
+            let new: Vec<u8> = (0..out.len() / 2)
+                .map(|i| u8::from_str_radix(&out[2 * i..2 * i + 2], 16).unwrap())
+                .collect();
+            let file = std::fs::read(&backing).unwrap();
+            assert_eq!(
+                &file[offset..offset + new.len()],
+                &new[..],
+                "{name}: {view}"
+            );
+        }
+        let before = std::fs::read(&backing).unwrap();
+        for bad in [
+            "a.view('uint16').reshape((1,) + a.shape)",
+            "a.view('uint16').astype('>u2')",
+            "a.view('uint16').astype('uint32')",
+        ] {
+            let errno = py_errno(
+                &format!(
+                    "import numpy\na = numpy.load(sys.argv[1])\nnumpy.save(sys.argv[1], {bad})"
+                ),
+                &[f.to_str().unwrap()],
+            );
+            assert_eq!(errno, "EINVAL", "{name}: {bad}");
+        }
+        assert_eq!(std::fs::read(&backing).unwrap(), before, "{name}");
+    }
+}

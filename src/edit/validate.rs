@@ -114,6 +114,15 @@ fn normalize_descr(d: &str) -> String {
     }
 }
 
+/// Whether a `.npy` of dtype `found` may replace a tensor whose `.npy` has dtype `want`: the
+/// same type, or, for a raw 16-bit type (`|V2`: bfloat16 and bits16, which NumPy lacks),
+/// little-endian `u2`/`i2`, as NumPy users hold such tensors (`a.view(np.uint16)`). The
+/// bytes are taken as they are; the shape is checked as for any other type.
+fn descr_accepted(found: &str, want: &str) -> bool {
+    let (found, want) = (normalize_descr(found), normalize_descr(want));
+    found == want || want == "V2" && (found == "u2" || found == "i2")
+}
+
 /// The largest inline delegate payload: it is held in memory and copied into the program's
 /// flatbuffer, which is rebuilt around it. ExecuTorch itself moves payloads of this size
 /// into segments.
@@ -142,9 +151,14 @@ fn tensor_npy_want(shape: &TensorShape) -> (String, String, Vec<u64>) {
 fn check_npy<'a>(want: NpyWant, data: Source<'a>) -> Result<Source<'a>> {
     let header = npy::parse_header(&data.head(NPY_HEADER_READ)?)?;
     let want_descr = want.descr;
-    if normalize_descr(&header.descr) != normalize_descr(want_descr) {
+    if !descr_accepted(&header.descr, want_descr) {
+        let also = if normalize_descr(want_descr) == "V2" {
+            " or '<u2'/'<i2'"
+        } else {
+            ""
+        };
         return Err(Error::invalid(format!(
-            ".npy dtype differs: expected '{want_descr}' ({}), found '{}'",
+            ".npy dtype differs: expected '{want_descr}'{also} ({}), found '{}'",
             want.what, header.descr
         )));
     }
@@ -367,5 +381,18 @@ mod tests {
         assert_eq!(normalize_descr("|b1"), normalize_descr("b1"));
         assert_ne!(normalize_descr(">f4"), normalize_descr("<f4"));
         assert_ne!(normalize_descr("<f4"), normalize_descr("<f8"));
+    }
+
+    #[test]
+    fn raw_16_bit_types_accept_little_endian_u2_and_i2() {
+        for found in ["<u2", "<i2", "=u2", "u2", "|V2"] {
+            assert!(descr_accepted(found, "|V2"), "{found}");
+        }
+        for found in [">u2", ">i2", "<f2", "|V1", "<u4", "|u1"] {
+            assert!(!descr_accepted(found, "|V2"), "{found}");
+        }
+        // Only raw types widen: a HALF tensor still needs `<f2`, a SHORT `<i2`.
+        assert!(!descr_accepted("<u2", "<f2"));
+        assert!(!descr_accepted("<u2", "<i2"));
     }
 }
