@@ -1,11 +1,14 @@
 //! Mounting: checks before the mount, the background server, clean unmounts.
 //!
 //! `mount` checks everything it can while it still has the terminal (the file, the
-//! mountpoint, `/dev/fuse`) and finishes interrupted commits. Then, unless in the foreground,
-//! it forks (`background`): the child detaches, parses the model, mounts and serves
-//! (`serve`); the parent returns once the mount is live or failed. Each job has its own
-//! module: `logging`, `mountinfo` (the kernel's mount table), `lock` (what `ptefs umount`
-//! waits on), `unmount`, `options` (`-o`), `recovery` (interrupted commits).
+//! mountpoint, that this user can use `/dev/fuse`, that no ptefs mount is there and that no
+//! daemon mounts the file already) and finishes interrupted commits. Then, unless in the
+//! foreground, it forks (`background`): the child detaches, parses the model, mounts and
+//! serves (`serve`); the parent prints the warnings about the model and where the daemon
+//! logs when there is no syslog, and returns once the mount is live or failed. Each job has
+//! its own module: `logging`, `mountinfo` (the kernel's mount table), `lock` (the records
+//! that make a file mounted once and that `ptefs umount` trusts and waits on), `unmount`,
+//! `options` (`-o`), `recovery` (interrupted commits, also `ptefs recover`).
 
 mod background;
 pub(crate) mod lock;
