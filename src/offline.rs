@@ -135,7 +135,26 @@ pub fn check(file: &Path, data: &[PathBuf]) -> Vec<String> {
 /// `check`, refusing (with one line saying so) files whose tree would have more than
 /// `max_nodes` nodes, as `ls`, `cat`, `info` and `mount` do.
 pub fn check_limited(file: &Path, data: &[PathBuf], max_nodes: u64) -> Vec<String> {
-    let mut out = interrupted_commits(file, data);
+    check_report(file, data, max_nodes).defects
+}
+
+/// What `ptefs check` found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckReport {
+    /// One a line; empty when the files are sound.
+    pub defects: Vec<String>,
+    /// How to fix some of them, one a line: `.ptd` files beside the model that hold keys
+    /// it lacks (`check::data_beside`).
+    pub advice: Vec<String>,
+}
+
+/// The defects of the files, and advice, as `check_limited` finds them.
+pub fn check_report(file: &Path, data: &[PathBuf], max_nodes: u64) -> CheckReport {
+    let mut report = CheckReport {
+        defects: interrupted_commits(file, data),
+        advice: Vec::new(),
+    };
+    let out = &mut report.defects;
     match Model::open(file, data) {
         Err(e) => out.push(e.to_string()),
         Ok(model) => {
@@ -145,25 +164,28 @@ pub fn check_limited(file: &Path, data: &[PathBuf], max_nodes: u64) -> Vec<Strin
                 out.push(refusal.to_string());
             } else {
                 out.extend(crate::check::defects(&model));
-                shortened_names(&model, &mut out);
+                shortened_names(&model, out);
+                report.advice.extend(crate::check::data_beside(&model));
             }
         }
     }
-    out
+    report
 }
 
 /// Journals left by commits that a crash interrupted: the file may hold a partly written
-/// range until a mount replays them.
+/// range until `ptefs recover` (or a mount) replays them.
 pub fn interrupted_commits(file: &Path, data: &[PathBuf]) -> Vec<String> {
     std::iter::once(file)
         .chain(data.iter().map(PathBuf::as_path))
-        .map(crate::edit::journal::journal_path)
-        .filter(|j| std::fs::symlink_metadata(j).is_ok())
-        .map(|j| {
-            format!(
-                "{}: an interrupted commit left this journal; mount the file once to finish or discard it",
-                j.display()
-            )
+        .filter_map(|f| {
+            let j = crate::edit::journal::journal_path(f);
+            std::fs::symlink_metadata(&j).ok()?;
+            Some(format!(
+                "{}: an interrupted commit left this journal, so {} may hold partly written bytes: run `ptefs recover {}` (or mount the file once) to finish or discard it",
+                j.display(),
+                f.display(),
+                f.display()
+            ))
         })
         .collect()
 }

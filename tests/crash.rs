@@ -6,8 +6,7 @@
 //! journal.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ptefs::format::generated::{flat_tensor, ptd_fb, pte_fb};
 use ptefs::format::writer::{
@@ -16,7 +15,6 @@ use ptefs::format::writer::{
 
 mod common;
 
-const BIN: &str = env!("CARGO_BIN_EXE_ptefs");
 const SIDE: i32 = 1024; // the tensor is FLOAT[1024, 1024]: 4 MiB
 
 /// `linear.pte` with its weight grown to FLOAT[SIDE, SIDE], filled with `fill`.
@@ -45,24 +43,6 @@ fn big_model(path: &Path, fill: u8) -> (u64, u64) {
     (base, nbytes)
 }
 
-fn mount(model: &Path, mnt: &Path) -> Child {
-    let child = Command::new(BIN)
-        .arg("mount")
-        .arg("--foreground")
-        .arg(model)
-        .arg(mnt)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !mnt.join("header.json").exists() {
-        assert!(Instant::now() < deadline, "mount did not come up");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    child
-}
-
 /// Whether `range` of the file is entirely `a` or entirely `b`.
 fn uniform(bytes: &[u8], fill: u8) -> bool {
     bytes.iter().all(|&x| x == fill)
@@ -86,7 +66,7 @@ fn sigkill_during_commits_leaves_old_or_new() {
     let (mut saw_old, mut saw_new, mut saw_journal) = (0, 0, 0);
     for round in 0..40 {
         let next = if current == 0x11 { 0x22 } else { 0x11 };
-        let mut child = mount(&model, &mnt);
+        let mut child = common::mount::mount_foreground(&model, &mnt);
         let target = mnt.join("plans/forward/values/0.bin");
         let writer = std::thread::spawn(move || {
             let data = vec![next; nbytes as usize];
@@ -125,7 +105,7 @@ fn sigkill_during_commits_leaves_old_or_new() {
         }
 
         // The remount replays a whole journal and discards a torn one.
-        let mut child = mount(&model, &mnt);
+        let mut child = common::mount::mount_foreground(&model, &mnt);
         let seen = std::fs::read(mnt.join("plans/forward/values/0.bin")).unwrap();
         common::force_unmount(&mnt);
         let _ = child.kill();
@@ -241,7 +221,7 @@ fn sigkill_during_bulk_commits_leaves_all_old_or_all_new() {
     let (mut saw_old, mut saw_new, mut saw_journal) = (0, 0, 0);
     for round in 0..30 {
         let next = if current == 0x11 { 0x22 } else { 0x11 };
-        let mut child = mount(&model, &mnt);
+        let mut child = common::mount::mount_foreground(&model, &mnt);
         let target = mnt.join("weights.safetensors");
         let writer = std::thread::spawn(move || {
             // Errors are expected: the daemon dies under the writer.
@@ -274,7 +254,7 @@ fn sigkill_during_bulk_commits_leaves_all_old_or_all_new() {
         }
 
         // The remount replays a whole journal and discards a torn one.
-        let mut child = mount(&model, &mnt);
+        let mut child = common::mount::mount_foreground(&model, &mnt);
         let seen = std::fs::read(mnt.join("named_data/layer07.weight.bin")).unwrap();
         common::force_unmount(&mnt);
         let _ = child.kill();

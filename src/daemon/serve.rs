@@ -117,7 +117,7 @@ pub fn serve(
     let lock = match find_mount(mountpoint) {
         Some(entry) => {
             raise_readahead(&entry.dev);
-            MountLock::take(&entry.dev)
+            MountLock::take(&entry.dev, mountpoint, &fs.tree().model.files[0].path)
         }
         None => {
             log::warn!("{} is not in the mount table", mountpoint.display());
