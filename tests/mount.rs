@@ -95,24 +95,18 @@ fn walk(root: &Path) -> Vec<(String, std::fs::Metadata)> {
     out
 }
 
-/// File names DESIGN.md §2.6 gives plan names and keys.
+/// File names DESIGN.md §2.6 gives plan names and keys: `%` (first, so that the escapes
+/// that follow stay as they are), `/` and NUL percent-encoded, `.` and `..` spelled out.
 fn encode(name: &str) -> String {
     match name {
-        "." => return "%2E".into(),
-        ".." => return "%2E%2E".into(),
-        "" => return "%".into(),
-        _ => {}
+        "." => "%2E".into(),
+        ".." => "%2E%2E".into(),
+        "" => "%".into(),
+        _ => name
+            .replace('%', "%25")
+            .replace('/', "%2F")
+            .replace('\0', "%00"),
     }
-    let mut out = String::new();
-    for c in name.chars() {
-        match c {
-            '/' => out.push_str("%2F"),
-            '%' => out.push_str("%25"),
-            '\0' => out.push_str("%00"),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 fn plan_dirs(manifest: &Value) -> Vec<String> {
