@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::daemon::{lock, recovery};
@@ -70,16 +70,7 @@ fn entries_of(tree: &Tree, model: &Model, named: &[String]) -> Result<Vec<Entry>
 
 /// Runs `ptefs apply`, printing what changed (or would) to `out`.
 pub fn apply(req: &ApplyRequest, out: &mut dyn Write) -> Result<bulk::Summary> {
-    let canonical = |p: &Path| {
-        p.canonicalize()
-            .map_err(|e| Error::io(format!("{}", p.display()), e))
-    };
-    let file = canonical(&req.file)?;
-    let data = req
-        .data
-        .iter()
-        .map(|d| canonical(d))
-        .collect::<Result<Vec<_>>>()?;
+    let (file, data) = crate::daemon::canonical_files(&req.file, &req.data)?;
     let paths: Vec<&PathBuf> = std::iter::once(&file).chain(&data).collect();
     let _claims = paths
         .iter()

@@ -58,6 +58,14 @@ fn canonical(path: &Path) -> Result<PathBuf> {
         .map_err(|e| Error::io(path.display(), e))
 }
 
+/// A model file and its data files as absolute paths without links: the names lock files
+/// and the mount table know them by.
+pub fn canonical_files(file: &Path, data: &[PathBuf]) -> Result<(PathBuf, Vec<PathBuf>)> {
+    let file = canonical(file)?;
+    let data = data.iter().map(|d| canonical(d)).collect::<Result<_>>()?;
+    Ok((file, data))
+}
+
 /// What is in the way of a mount on `path`: a FUSE mount whose daemon has exited.
 fn dead_mount(path: &Path) -> Error {
     let p = path.display();
@@ -265,12 +273,7 @@ pub fn mount(req: &MountRequest) -> Result<()> {
     let runtime_log = matches!(log_target, logging::LogTarget::Fallback);
     logging::init(req.verbose, log_target)?;
     // Everything that can be checked is checked while the terminal is still ours.
-    let file = canonical(&req.file)?;
-    let data = req
-        .data
-        .iter()
-        .map(|d| canonical(d))
-        .collect::<Result<Vec<_>>>()?;
+    let (file, data) = canonical_files(&req.file, &req.data)?;
     let mountpoint = mountpoint_dir(&req.mountpoint)?;
     fuse_usable()?;
     refuse_mount_over(&mountpoint)?;

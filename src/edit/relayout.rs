@@ -482,45 +482,12 @@ fn write_zeros(out: &mut File, n: u64) -> std::io::Result<()> {
 fn copy_range(
     src: &File, dst: &mut File, offset: u64, len: u64, dst_offset: u64,
 ) -> std::io::Result<()> {
-    let mut off_in = offset as libc::loff_t;
-    let mut off_out = dst_offset as libc::loff_t;
-    let mut left = len;
-    while left > 0 {
-        let chunk = left.min(1 << 30) as usize;
-        // SAFETY: both descriptors are open; the offsets are plain integers owned here.
-        let n = unsafe {
-            libc::copy_file_range(
-                src.as_raw_fd(),
-                &mut off_in,
-                dst.as_raw_fd(),
-                &mut off_out,
-                chunk,
-                0,
-            )
-        };
-        if n < 0 {
-            let err = std::io::Error::last_os_error();
-            match err.raw_os_error() {
-                Some(libc::EXDEV)
-                | Some(libc::ENOSYS)
-                | Some(libc::EINVAL)
-                | Some(libc::EOPNOTSUPP) => {
-                    return copy_range_buffered(src, dst, off_in as u64, left, off_out as u64);
-                }
-                Some(libc::EINTR) => continue,
-                _ => return Err(err),
-            }
-        }
-        if n == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "the source file is shorter than expected",
-            ));
-        }
-        left -= n as u64;
+    let done = super::source::copy_in_kernel(src, offset, dst, dst_offset, len)?;
+    if done < len {
+        return copy_range_buffered(src, dst, offset + done, len - done, dst_offset + done);
     }
     use std::io::{Seek, SeekFrom};
-    dst.seek(SeekFrom::Start(off_out as u64))?;
+    dst.seek(SeekFrom::Start(dst_offset + len))?;
     Ok(())
 }
 

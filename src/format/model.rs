@@ -233,21 +233,21 @@ impl ModelFile {
     }
 
     /// Whether `path` still names the file that was opened (another process may have
-    /// renamed a different file over it); `Err` says what it names now.
-    pub fn still_named(&self) -> Result<(), String> {
+    /// renamed a different file over it); the error says what it names now.
+    pub fn still_named(&self) -> Result<(), FormatError> {
         let (Some((dev, ino)), Some(dir)) = (self.identity, &self.dir) else {
             return Ok(());
         };
         match stat_in(dir, &self.name) {
             Ok((d, i)) if (d, i) == (dev, ino) => Ok(()),
-            Ok((d, i)) => Err(format!(
+            Ok((d, i)) => Err(FormatError::new(format!(
                 "{} was replaced under the mount (it now names inode {i} on device {d}, the mount has inode {ino} on device {dev})",
                 self.path.display()
-            )),
-            Err(e) => Err(format!(
+            ))),
+            Err(e) => Err(FormatError::new(format!(
                 "{} no longer names the mounted file: {e}",
                 self.path.display()
-            )),
+            ))),
         }
     }
 

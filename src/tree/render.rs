@@ -779,12 +779,7 @@ fn plan_json(model: &Model, p: usize) -> Value {
         .flatten()
         .filter(|t| t.location.is_some())
         .count();
-    let instructions: usize = plan
-        .chains
-        .iter()
-        .flatten()
-        .map(|c| c.instructions.as_ref().map_or(0, Vec::len))
-        .sum();
+    let instructions = crate::format::pte::instruction_count(plan);
     json!({
         "name": plan.name,
         "inputs": plan.inputs,
