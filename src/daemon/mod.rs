@@ -330,6 +330,7 @@ pub fn mount(req: &MountRequest) -> Result<()> {
                 match logging::RuntimeLog::for_daemon(pid, &file, &mountpoint) {
                     Ok(log) => ready.log_to(log),
                     Err(e) => {
+                        drop(claims);
                         let failed = Err(e.context(
                             "no syslog listens at /dev/log (use --log-file or --foreground)",
                         ));
@@ -343,6 +344,9 @@ pub fn mount(req: &MountRequest) -> Result<()> {
             let tree = match open_tree(&file, &data, read_only, max_nodes) {
                 Ok(t) => t,
                 Err(e) => {
+                    // Released before the report: the next mount may start as soon as the
+                    // parent has read it.
+                    drop(claims);
                     let failed = Err(e);
                     ready.report(&failed, &[]);
                     return failed;

@@ -103,6 +103,8 @@ pub fn serve(
         Ok(s) => s,
         Err(e) => {
             log::error!("{e}");
+            // Released before the report: the next mount may start as soon as it is read.
+            drop(claims);
             let failed = Err(e);
             ready.report(&failed, warnings);
             return failed;
