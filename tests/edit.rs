@@ -750,6 +750,34 @@ fn a_refused_flush_keeps_the_handle_usable() {
     assert_eq!(std::fs::read(&c.model).unwrap(), on_disk);
 }
 
+/// The refusal of content is logged once: a duplicate descriptor closed with the same
+/// content gets the same error at debug level, and new content is refused (and logged)
+/// anew.
+#[test]
+fn a_refusal_repeated_for_unchanged_content_is_logged_once() {
+    let c = copy_fixture("linear.pte");
+    let fs = open(&c, false);
+    let ino = fs.tree().find("plans/forward/values/0.bin").unwrap();
+    let fh = fs.open(ino, libc::O_WRONLY | libc::O_TRUNC).unwrap().fh;
+    fs.write(fh, 0, &pattern(40, 1)).unwrap();
+    let first = fs.flush(fh).unwrap_err();
+    let second = fs.flush(fh).unwrap_err();
+    assert_eq!(first.level(), log::Level::Warn);
+    assert_eq!(
+        (second.errno(), second.level()),
+        (libc::EINVAL, log::Level::Debug)
+    );
+    fs.write(fh, 0, &pattern(41, 2)).unwrap();
+    let changed = fs.flush(fh).unwrap_err();
+    assert_eq!(changed.level(), log::Level::Warn);
+    assert!(
+        changed.message().contains("got 41"),
+        "{}",
+        changed.message()
+    );
+    fs.release(fh).unwrap();
+}
+
 #[test]
 fn each_handle_stages_and_commits_its_own_bytes() {
     let c = copy_fixture("linear.pte");

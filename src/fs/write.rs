@@ -328,6 +328,7 @@ impl Fs {
                     .map_err(|e| e.context(path()))?;
                 h.dirty = true;
                 h.truncated_only = false;
+                h.refused = false;
             }
         }
         Ok(data.len() as u32)
@@ -393,6 +394,7 @@ impl Fs {
                     .map_err(|e| e.context(tree.path(ino)))?;
                 h.dirty = true;
                 h.truncated_only = false;
+                h.refused = false;
                 let mut attr = current;
                 attr.size = size;
                 Ok((attr, Invalidate::default()))
@@ -444,7 +446,16 @@ impl Fs {
             h.refused = checked.is_err();
             return checked;
         }
-        let result = self.commit_handle(ino, &mut h);
+        // A duplicate descriptor closed after its twin (NumPy's `tofile`, a shell's
+        // redirection) gets the same refusal for the same content: it was logged already.
+        let repeated = h.refused;
+        let result = self.commit_handle(ino, &mut h).map_err(|e| {
+            if repeated {
+                e.with_level(log::Level::Debug)
+            } else {
+                e
+            }
+        });
         drop(h);
         self.publish(ino, result.map(|inval| ((), inval)))
     }
