@@ -178,18 +178,10 @@ fn pte_info(tree: &Tree, pte: &Pte, s: &mut String) {
 }
 
 /// Instructions in all chains of `plan`.
-fn instruction_count(plan: &pte_fb::ExecutionPlanT) -> usize {
-    plan.chains
-        .iter()
-        .flatten()
-        .map(|c| c.instructions.as_ref().map_or(0, Vec::len))
-        .sum()
-}
-
 fn plan_info(tree: &Tree, p: usize, plan: &pte_fb::ExecutionPlanT, s: &mut String) {
     let model = &*tree.model;
     let name = plan.name.as_deref().unwrap_or("");
-    let instructions = instruction_count(plan);
+    let instructions = crate::format::pte::instruction_count(plan);
     let inputs = plan.inputs.as_deref().unwrap_or_default();
     let outputs = plan.outputs.as_deref().unwrap_or_default();
     // A method that only returns values the program holds (`get_max_seq_len` of an LLM
