@@ -8,6 +8,7 @@
 
 mod beside;
 pub mod bulk;
+mod direct;
 pub mod identity;
 pub mod journal;
 pub mod relayout;
