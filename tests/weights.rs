@@ -13,7 +13,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -763,16 +763,41 @@ fn a_1_gib_update_of_a_1_gib_model_keeps_the_daemon_under_256_mib() {
     eprintln!("daemon peak RSS after a 1 GiB update: {} MiB", peak >> 20);
     assert!(peak < DAEMON_PEAK, "daemon peak RSS {} MiB", peak >> 20);
 
+    // An open without O_TRUNC starts from a copy of the whole file (1 GiB): that copy must
+    // not grow the daemon either. Only tensor 3 is rewritten, with 0x33.
+    let w = m.path("weights.safetensors");
+    let raw = std::fs::File::open(&w).unwrap();
+    let mut len = [0u8; 8];
+    raw.read_exact_at(&mut len, 0).unwrap();
+    let n = u64::from_le_bytes(len);
+    let mut header = vec![0u8; n as usize];
+    raw.read_exact_at(&mut header, 8).unwrap();
+    let header: Value = serde_json::from_slice(&header).unwrap();
+    let begin = 8 + n + header[layer_name(3)]["data_offsets"][0].as_u64().unwrap();
+    drop(raw);
+    let f = std::fs::OpenOptions::new().write(true).open(&w).unwrap();
+    chunk.fill(0x33);
+    for k in 0..BYTES / chunk.len() as u64 {
+        f.write_all_at(&chunk, begin + k * chunk.len() as u64)
+            .unwrap();
+    }
+    f.sync_all().unwrap();
+    drop(f);
+    let peak = peak_rss(pid);
+    eprintln!(
+        "daemon peak RSS after rewriting a tensor of it in place: {} MiB",
+        peak >> 20
+    );
+    assert!(peak < DAEMON_PEAK, "daemon peak RSS {} MiB", peak >> 20);
+
     // Every tensor holds its new bytes, in the file and through the mount.
     let file = std::fs::File::open(&model).unwrap();
     for i in 0..COUNT {
+        let want = if i == 3 { 0x33 } else { 0x80 + i as u8 };
         let mut at = base + i as u64 * BYTES;
         for _ in 0..BYTES / chunk.len() as u64 {
-            std::os::unix::fs::FileExt::read_exact_at(&file, &mut chunk, at).unwrap();
-            assert!(
-                chunk.iter().all(|&b| b == 0x80 + i as u8),
-                "tensor {i} at {at}"
-            );
+            file.read_exact_at(&mut chunk, at).unwrap();
+            assert!(chunk.iter().all(|&b| b == want), "tensor {i} at {at}");
             at += chunk.len() as u64;
         }
     }
