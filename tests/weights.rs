@@ -19,28 +19,14 @@ use std::process::Command;
 
 use common::mount::{py, py_errno, run, text, Mount, BIN};
 use common::safetensors::{self as st, layer_name, many_tensor_ptd};
-use common::{copy_files, copy_fixture, fixtures_dir, fuse_missing, pattern, sha256_hex};
+use common::{copy_fixture, fixtures_dir, fuse_missing, pattern, sha256_hex};
 use serde_json::Value;
 
 /// A copy of fixture `name` mounted with `--log-file`; the log is in the copy's directory.
 fn mounted(name: &str) -> (Mount, PathBuf) {
     let c = copy_fixture(name);
-    mount_copy(c.dir, c.model, c.data)
-}
-
-fn mount_copy(dir: tempfile::TempDir, model: PathBuf, data: Vec<PathBuf>) -> (Mount, PathBuf) {
-    let root = dir.path().canonicalize().unwrap();
-    let log = root.join("log");
-    let mnt = root.join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let mut m = Mount {
-        dir,
-        model,
-        data,
-        mnt,
-        args: vec!["--log-file".into(), log.to_str().unwrap().into()],
-        live: false,
-    };
+    let log = c.root.join("log");
+    let mut m = Mount::unmounted(c.dir, c.model, c.data, &["--log-file", arg(&log)]);
     m.mount();
     (m, log)
 }
@@ -182,19 +168,29 @@ fn a_subset_update_with_cp_changes_exactly_the_tensors_it_names() {
 
     let out = run(Command::new("cp").arg(&update).arg(&w));
     assert!(out.status.success(), "cp: {}", text(&out.stderr));
-    assert_changed_only(&before, &files_of(&m), &changed, &new);
-    let now = read(&w);
-    assert_eq!(now.len(), old.len());
-    assert_weights(&now, &old, &new);
     for (name, bytes) in &new {
         let tree_path = st::metadata(&old)[name].as_str().unwrap().to_string();
         assert_eq!(read(&m.path(&format!("{tree_path}.bin"))), *bytes, "{name}");
     }
-    assert!(journal_left(&m).is_empty());
+    assert_committed(&mut m, &w, &old, &before, &changed, &new);
+}
+
+/// After an update of `weights.safetensors` at `w` (which was `old`): the model files
+/// (`before`) changed exactly in the `changed` ranges, to the `new` bytes; the mount shows
+/// them, before and after a remount; no journal is left; `ptefs check` accepts the files.
+fn assert_committed(
+    m: &mut Mount, w: &Path, old: &[u8], before: &BTreeMap<PathBuf, Vec<u8>>,
+    changed: &BTreeMap<String, (PathBuf, u64, u64)>, new: &BTreeMap<String, Vec<u8>>,
+) {
+    assert_changed_only(before, &files_of(m), changed, new);
+    let now = read(w);
+    assert_eq!(now.len(), old.len());
+    assert_weights(&now, old, new);
+    assert!(journal_left(m).is_empty(), "{}", m.model.display());
     m.remount();
-    assert_weights(&read(&w), &old, &new);
+    assert_weights(&read(w), old, new);
     m.umount();
-    offline_check(&m);
+    offline_check(m);
 }
 
 #[test]
@@ -225,13 +221,7 @@ fn a_full_update_with_dd_conv_fsync_replaces_every_tensor_of_each_model_root() {
             .arg(format!("of={}", w.display()))
             .args(["bs=1M", "conv=fsync"]));
         assert!(out.status.success(), "{fixture}: dd: {}", text(&out.stderr));
-        assert_changed_only(&before, &files_of(&m), &changed, &new);
-        assert_weights(&read(&w), &old, &new);
-        assert!(journal_left(&m).is_empty(), "{fixture}");
-        m.remount();
-        assert_weights(&read(&w), &old, &new);
-        m.umount();
-        offline_check(&m);
+        assert_committed(&mut m, &w, &old, &before, &changed, &new);
     }
 }
 
@@ -625,16 +615,7 @@ fn spilled_staging_goes_to_tmpdir_when_the_models_directory_refuses() {
     let tmpdir = tempfile::tempdir().unwrap();
     let tmpdir = tmpdir.path().canonicalize().unwrap();
     let root = c.root.clone();
-    let mnt = root.join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let mut m = Mount {
-        dir: c.dir,
-        model: c.model,
-        data: c.data,
-        mnt,
-        args: vec![],
-        live: false,
-    };
+    let mut m = Mount::unmounted(c.dir, c.model, c.data, &[]);
     let out = run(m.mount_command().env("TMPDIR", &tmpdir));
     assert!(out.status.success(), "{}", text(&out.stderr));
     m.live = true;
@@ -665,19 +646,9 @@ fn spilled_staging_follows_no_link_planted_where_the_models_directory_was() {
     let elsewhere = root.join("elsewhere");
     std::fs::create_dir(&models).unwrap();
     std::fs::create_dir(&elsewhere).unwrap();
-    let c = copy_files(&fixtures_dir().join("linear.pte"), &[]);
     let model = models.join("linear.pte");
-    std::fs::copy(&c.model, &model).unwrap();
-    let mnt = root.join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let mut m = Mount {
-        dir: top,
-        model,
-        data: vec![],
-        mnt,
-        args: vec![],
-        live: false,
-    };
+    std::fs::copy(fixtures_dir().join("linear.pte"), &model).unwrap();
+    let mut m = Mount::unmounted(top, model, vec![], &[]);
     m.mount();
     let pid = daemon_pid(&m.mnt);
     let before = files_of(&m);
@@ -728,16 +699,7 @@ fn a_1_gib_update_of_a_1_gib_model_keeps_the_daemon_under_256_mib() {
     let root = top.path().canonicalize().unwrap();
     let model = root.join("big.ptd");
     let base = many_tensor_ptd(&model, COUNT, SIDE, |i, c| c.fill(0x10 + i as u8));
-    let mnt = root.join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let mut m = Mount {
-        dir: top,
-        model: model.clone(),
-        data: vec![],
-        mnt,
-        args: vec![],
-        live: false,
-    };
+    let mut m = Mount::unmounted(top, model.clone(), vec![], &[]);
     m.mount();
     let pid = daemon_pid(&m.mnt);
 
