@@ -19,6 +19,14 @@ and exits 1.
       manifest's expected output, writes W * FACTOR onto the weight's .bin (same size), reads
       it back, and saves the predicted output to OUT.npy. Prints the edited blob's path.
 
+  bulk-weights MOUNT MANIFEST OUT.npy
+      Checks the eager evaluation of the plan against the manifest, like plan-weight, then
+      writes one safetensors file onto weights.safetensors that changes every float tensor
+      it lists (each scaled by its own factor and shifted): one bulk commit. Reads back
+      weights.safetensors with safe_open and every tensor's .npy, evaluates the plan on the
+      constants read through the mount again, and saves that prediction to OUT.npy. Prints
+      how many tensors it changed.
+
   snapshot MOUNT DIR
       Copies segments/<n>, named_data/*.bin and delegates/*/processed.bin out of the mount.
 
@@ -125,6 +133,8 @@ class Plan:
                 env[a[5]] = torch.addmm(env[a[0]], env[a[1]], env[a[2]], beta=self.scalar(a[3]), alpha=self.scalar(a[4]))
             elif name == "aten::mul.out":
                 env[a[2]] = torch.mul(env[a[0]], env[a[1]])
+            elif name == "aten::relu.out":
+                env[a[1]] = torch.relu(env[a[0]])
             else:
                 raise Failure(f"no eager equivalent for {name}")
         return env[self.meta["outputs"][0]]
@@ -209,6 +219,45 @@ def xnnpack_weight(mount, manifest_path, factor, out_npy):
     print(os.path.relpath(wpath, mount))
 
 
+# --- bulk update through weights.safetensors -------------------------------------------
+
+
+def bulk_weights(mount, manifest_path, out_npy):
+    from safetensors import safe_open
+    from safetensors.numpy import save
+
+    torch = load_torch()
+    manifest = json.load(open(manifest_path))
+    inputs, expected = manifest_io(torch, manifest)
+    plan = Plan(torch, mount, manifest["runtime_check"]["method"])
+    if not allclose(torch, plan.evaluate(inputs, plan.constants()), expected):
+        raise Failure("the eager evaluation of the unedited constants does not reproduce the manifest")
+    path = os.path.join(mount, "weights.safetensors")
+    new = {}
+    with safe_open(path, "np") as f:
+        paths = f.metadata() or {}
+        for k, name in enumerate(f.keys()):
+            a = f.get_tensor(name)
+            if a.dtype.kind == "f":
+                new[name] = np.array(a * (1.0 + 0.1 * (k % 7)) + 0.01 * (k % 3), dtype=a.dtype)
+    if not new:
+        raise Failure("weights.safetensors lists no float tensor")
+    write_bytes(path, save(new))
+    with safe_open(path, "np") as f:
+        for name, a in new.items():
+            if f.get_tensor(name).tobytes() != a.tobytes():
+                raise Failure(f"{name}: weights.safetensors read back differs from the update")
+    for name, a in new.items():
+        if np.load(os.path.join(mount, paths[name] + ".npy")).tobytes() != a.tobytes():
+            raise Failure(f"{paths[name]}.npy does not show the update of {name}")
+    after = Plan(torch, mount, manifest["runtime_check"]["method"])
+    predicted = after.evaluate(inputs, after.constants())
+    if allclose(torch, predicted, expected):
+        raise Failure("the update does not change the predicted output")
+    np.save(out_npy, predicted.numpy())
+    print(f"{len(new)} float tensors in one commit")
+
+
 # --- re-layout --------------------------------------------------------------------------
 
 
@@ -255,6 +304,7 @@ def main(argv):
     cmds = {
         "plan-weight": (plan_weight, 4),
         "xnnpack-weight": (xnnpack_weight, 4),
+        "bulk-weights": (bulk_weights, 3),
         "snapshot": (snapshot, 2),
         "verify-relayout": (verify_relayout, 5),
     }

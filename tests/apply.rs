@@ -8,8 +8,8 @@ use std::path::Path;
 use std::process::Command;
 
 use common::mount::{run, text, Mount, BIN};
+use common::safetensors::{build as safetensors, split, tensor};
 use common::{copy_fixture, fuse_missing, pattern, Copied};
-use serde_json::{json, Value};
 
 /// `ptefs <args>`: success, stdout, stderr.
 fn ptefs(args: &[&str]) -> (bool, String, String) {
@@ -19,15 +19,6 @@ fn ptefs(args: &[&str]) -> (bool, String, String) {
 
 fn arg(p: &Path) -> &str {
     p.to_str().unwrap()
-}
-
-/// The header (without `__metadata__`) and data part of a safetensors file.
-fn split(raw: &[u8]) -> (serde_json::Map<String, Value>, &[u8]) {
-    let n = u64::from_le_bytes(raw[..8].try_into().unwrap()) as usize;
-    let mut header: serde_json::Map<String, Value> =
-        serde_json::from_slice(&raw[8..8 + n]).unwrap();
-    header.remove("__metadata__");
-    (header, &raw[8 + n..])
 }
 
 /// The `weights.safetensors` at `path` in the tree of `c`, read with `ptefs cat`.
@@ -40,38 +31,6 @@ fn weights(c: &Copied, path: &str) -> Vec<u8> {
     let out = run(&mut cmd);
     assert!(out.status.success(), "{}", text(&out.stderr));
     out.stdout
-}
-
-/// One tensor's bytes in a safetensors file.
-fn tensor<'a>(raw: &'a [u8], name: &str) -> &'a [u8] {
-    let (header, data) = split(raw);
-    let offsets = &header[name]["data_offsets"];
-    let (b, e) = (
-        offsets[0].as_u64().unwrap() as usize,
-        offsets[1].as_u64().unwrap() as usize,
-    );
-    &data[b..e]
-}
-
-/// A safetensors file of `tensors`: (name, dtype, shape, bytes).
-fn safetensors(tensors: &[(&str, &str, Vec<u64>, Vec<u8>)]) -> Vec<u8> {
-    let mut header = serde_json::Map::new();
-    let mut data = Vec::new();
-    for (name, dtype, shape, bytes) in tensors {
-        header.insert(
-            name.to_string(),
-            json!({"dtype": dtype, "shape": shape, "data_offsets": [data.len(), data.len() + bytes.len()]}),
-        );
-        data.extend_from_slice(bytes);
-    }
-    let mut h = serde_json::to_vec(&Value::Object(header)).unwrap();
-    while h.len() % 8 != 0 {
-        h.push(b' ');
-    }
-    let mut out = (h.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&h);
-    out.extend_from_slice(&data);
-    out
 }
 
 fn apply_args<'a>(c: &'a Copied, update: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {

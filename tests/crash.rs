@@ -8,12 +8,12 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ptefs::format::generated::{flat_tensor, ptd_fb, pte_fb};
-use ptefs::format::writer::{
-    pack_flat_tensor, pack_program, ptd_program_region, pte_program_region,
-};
+use ptefs::format::generated::pte_fb;
+use ptefs::format::writer::{pack_program, pte_program_region};
 
 mod common;
+
+use common::safetensors::{self, layer_name, many_tensor_ptd};
 
 const SIDE: i32 = 1024; // the tensor is FLOAT[1024, 1024]: 4 MiB
 const WEIGHT: &str = "plans/forward/values/0.bin";
@@ -160,53 +160,18 @@ const BULK_BYTES: usize = (BULK_SIDE * BULK_SIDE * 4) as usize;
 /// A `.ptd` of `BULK_TENSORS` named tensors, each in its own segment, filled with `fill`;
 /// returns where the segments start.
 fn bulk_model(path: &Path, fill: u8) -> usize {
-    let mut ft = ptd_fb::FlatTensorT::default();
-    let mut segments = Vec::new();
-    let mut named = Vec::new();
-    for i in 0..BULK_TENSORS {
-        let mut seg = ptd_fb::DataSegmentT::default();
-        seg.offset = (i * BULK_BYTES) as u64;
-        seg.size = BULK_BYTES as u64;
-        segments.push(seg);
-        let mut layout = ptd_fb::TensorLayoutT::default();
-        layout.scalar_type = flat_tensor::executorch_flatbuffer::ScalarType::FLOAT;
-        layout.sizes = Some(vec![BULK_SIDE, BULK_SIDE]);
-        layout.dim_order = Some(vec![0, 1]);
-        let mut nd = ptd_fb::NamedDataT::default();
-        nd.key = Some(format!("layer{i:02}.weight"));
-        nd.segment_index = i as u32;
-        nd.tensor_layout = Some(Box::new(layout));
-        named.push(nd);
-    }
-    ft.segments = Some(segments);
-    ft.named_data = Some(named);
-    let total = BULK_TENSORS * BULK_BYTES;
-    let (mut out, base) = ptd_program_region(&pack_flat_tensor(&ft), 128, total as u64);
-    out.resize(base as usize, 0);
-    out.resize(base as usize + total, fill);
-    std::fs::write(path, &out).unwrap();
-    base as usize
+    many_tensor_ptd(path, BULK_TENSORS, BULK_SIDE, |_, chunk| chunk.fill(fill)) as usize
 }
 
 /// A safetensors file setting every tensor of the bulk model to `fill`.
 fn bulk_update(fill: u8) -> Vec<u8> {
-    let mut header = String::from("{");
-    for i in 0..BULK_TENSORS {
-        if i > 0 {
-            header.push(',');
-        }
-        header.push_str(&format!(
-            "\"layer{i:02}.weight\":{{\"dtype\":\"F32\",\"shape\":[{BULK_SIDE},{BULK_SIDE}],\"data_offsets\":[{},{}]}}",
-            i * BULK_BYTES,
-            (i + 1) * BULK_BYTES
-        ));
-    }
-    header.push('}');
-    while header.len() % 8 != 0 {
-        header.push(' ');
-    }
-    let mut out = (header.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(header.as_bytes());
+    let names: Vec<String> = (0..BULK_TENSORS).map(layer_name).collect();
+    let shape = [BULK_SIDE as u64, BULK_SIDE as u64];
+    let tensors: Vec<_> = names
+        .iter()
+        .map(|n| (n.as_str(), "F32", &shape[..], BULK_BYTES as u64))
+        .collect();
+    let mut out = safetensors::header(&tensors);
     out.resize(out.len() + BULK_TENSORS * BULK_BYTES, fill);
     out
 }

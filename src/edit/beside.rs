@@ -2,9 +2,11 @@
 //! directory descriptor opened with the model, never through a path another user could
 //! repoint.
 //!
-//! Invariants: a file is created only with `O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0600, and
-//! given the model's owner, so a name planted by another user (a symbolic link, a FIFO, a
-//! file of theirs) makes the creation fail instead of being written through; an existing
+//! Invariants: a file is created only with `O_CREAT | O_EXCL | O_NOFOLLOW`, or unnamed
+//! (`O_TMPFILE`) and named later with `linkat`, which like `O_EXCL` fails when the name
+//! exists; always mode 0600 and given the model's owner, so a name planted by another user
+//! (a symbolic link, a FIFO, a file of theirs) makes the creation fail instead of being
+//! written through; an existing
 //! file is opened only with `O_NOFOLLOW | O_NONBLOCK` and checked (`fstat`) before it is
 //! trusted; the model is replaced only by `renameat` within that directory, after checking
 //! that its name still names the mounted file.
@@ -99,16 +101,25 @@ impl<'a> Beside<'a> {
         // SAFETY: a valid directory descriptor and C string.
         let fd = unsafe { libc::openat(self.dir.as_raw_fd(), c.as_ptr(), flags, 0o600) };
         if fd < 0 {
-            let e = std::io::Error::last_os_error();
-            let why = if e.raw_os_error() == Some(libc::EEXIST) {
-                " (something already has this name: ptefs never writes into a file it did not create)"
-            } else {
-                ""
-            };
-            return Err(Error::io(format!("create {}{why}", self.shown(name)), e));
+            return Err(self.create_error(name, std::io::Error::last_os_error()));
         }
         // SAFETY: a descriptor just opened and owned here alone.
         let file = unsafe { File::from_raw_fd(fd) };
+        self.give_to_owner(&file)?;
+        Ok(file)
+    }
+
+    fn create_error(&self, name: &OsStr, e: std::io::Error) -> Error {
+        let why = if e.raw_os_error() == Some(libc::EEXIST) {
+            " (something already has this name: ptefs never writes into a file it did not create)"
+        } else {
+            ""
+        };
+        Error::io(format!("create {}{why}", self.shown(name)), e)
+    }
+
+    /// Gives a file this process created the model's owner and group.
+    fn give_to_owner(&self, file: &File) -> Result<()> {
         if let Some(model) = &self.model.file {
             let meta = model
                 .metadata()
@@ -117,7 +128,70 @@ impl<'a> Beside<'a> {
             // SAFETY: a plain system call on an open descriptor.
             unsafe { libc::fchown(file.as_raw_fd(), meta.uid(), meta.gid()) };
         }
-        Ok(file)
+        Ok(())
+    }
+
+    /// Creates an unnamed file in the directory (`O_TMPFILE`): mode 0600, owned by the
+    /// model's owner, openable by nobody else, gone when its descriptor closes unless `link`
+    /// names it. `None` when the file system has no unnamed files.
+    pub fn create_unnamed(&self) -> Result<Option<File>> {
+        let flags = libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC;
+        // SAFETY: a valid directory descriptor and a constant C string.
+        let fd = unsafe { libc::openat(self.dir.as_raw_fd(), c".".as_ptr(), flags, 0o600) };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL) => Ok(None),
+                _ => Err(Error::io(
+                    format!(
+                        "create an unnamed file beside {}",
+                        self.model.path.display()
+                    ),
+                    e,
+                )),
+            };
+        }
+        // SAFETY: a descriptor just opened and owned here alone.
+        let file = unsafe { File::from_raw_fd(fd) };
+        self.give_to_owner(&file)?;
+        Ok(Some(file))
+    }
+
+    /// Gives `file`, an unnamed file of `create_unnamed`, the name `name`. Like `create`, it
+    /// fails with EEXIST when anything (a link, a FIFO, a file) already has that name, and
+    /// never writes through it. `Ok(false)` when this process may not name unnamed files
+    /// (neither `AT_EMPTY_PATH`, which needs a capability, nor `/proc/self/fd` works).
+    pub fn link(&self, file: &File, name: &OsStr) -> Result<bool> {
+        let c = c_name(name)?;
+        let dir = self.dir.as_raw_fd();
+        let fd = file.as_raw_fd();
+        let cannot =
+            |e: &std::io::Error| matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EPERM));
+        // SAFETY: valid descriptors and C strings.
+        let mut rc =
+            unsafe { libc::linkat(fd, c"".as_ptr(), dir, c.as_ptr(), libc::AT_EMPTY_PATH) };
+        let mut err = std::io::Error::last_os_error();
+        if rc != 0 && cannot(&err) {
+            let proc = CString::new(format!("/proc/self/fd/{fd}")).expect("no NUL");
+            // SAFETY: as above; the magic link names this process's own descriptor.
+            rc = unsafe {
+                libc::linkat(
+                    libc::AT_FDCWD,
+                    proc.as_ptr(),
+                    dir,
+                    c.as_ptr(),
+                    libc::AT_SYMLINK_FOLLOW,
+                )
+            };
+            err = std::io::Error::last_os_error();
+            if rc != 0 && cannot(&err) {
+                return Ok(false);
+            }
+        }
+        if rc != 0 {
+            return Err(self.create_error(name, err));
+        }
+        Ok(true)
     }
 
     /// Opens an existing `name` for reading without following a link and without blocking

@@ -8,6 +8,7 @@
 
 mod beside;
 pub mod bulk;
+mod direct;
 pub mod identity;
 pub mod journal;
 pub mod relayout;
@@ -17,6 +18,7 @@ pub mod validate;
 
 use crate::error::Result;
 use crate::format::layout::{FileIndex, Location};
+use crate::format::range::ByteRange;
 use crate::format::{Model, WriteTarget};
 
 pub use source::{Bytes, Source};
@@ -25,10 +27,38 @@ pub use validate::{Change, Owner, Plan, Write};
 /// What a commit did to the files.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    /// The bytes of these ranges were replaced; nothing moved.
+    /// Bytes inside these ranges were replaced, and no others; nothing moved. Ranges of one
+    /// file that a commit wrote with at most `JOIN_GAP` bytes between them are given as one
+    /// (see `joined`).
     InPlace { ranges: Vec<Location> },
     /// File `file` was rewritten with a new layout.
     Relayout { file: FileIndex },
+}
+
+/// Ranges closer than this are reported as one: the padding ExecuTorch puts between
+/// tensors (16 bytes by default, up to a segment alignment of 4096 in exports we read).
+const JOIN_GAP: u64 = 4096;
+
+/// `ranges` (sorted by file and start) with those of one file that are at most `JOIN_GAP`
+/// apart joined. A bulk update writes thousands of ranges that mostly follow each other;
+/// whoever works out what they changed (every tree file whose bytes overlap one) then does
+/// it against a handful. A joined range covers a few unwritten bytes too, so it may name a
+/// file as changed that was not: never the reverse.
+fn joined(ranges: impl Iterator<Item = Location>) -> Vec<Location> {
+    let mut out: Vec<Location> = Vec::new();
+    for l in ranges {
+        if let Some(last) = out.last_mut() {
+            let end = last.range.end();
+            if last.file == l.file && l.range.start() <= end.saturating_add(JOIN_GAP) {
+                let new_end = end.max(l.range.end());
+                last.range = ByteRange::new(last.range.start(), new_end - last.range.start())
+                    .expect("inside the file");
+                continue;
+            }
+        }
+        out.push(l);
+    }
+    out
 }
 
 /// Checks `data` as the new content of the file behind `target`, without writing anything.
@@ -56,7 +86,7 @@ pub fn commit_plan<G>(model: &Model, plan: Plan, exclusive: impl Fn() -> G) -> R
     match plan {
         Plan::InPlace { mut writes } => {
             writes.sort_by_key(|w| (w.location.file, w.location.range.start()));
-            let ranges: Vec<Location> = writes.iter().map(|w| w.location).collect();
+            let ranges = joined(writes.iter().map(|w| w.location));
             // One journal per file: the ranges of one file change together.
             let mut at = 0;
             if writes.is_empty() {
@@ -95,5 +125,37 @@ pub fn commit_plan<G>(model: &Model, plan: Plan, exclusive: impl Fn() -> G) -> R
             let rest = commit_plan(model, Plan::InPlace { writes: in_place }, exclusive)?;
             Ok(first.map_or(rest, |file| Outcome::Relayout { file }))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(file: FileIndex, start: u64, len: u64) -> Location {
+        Location {
+            file,
+            range: ByteRange::new(start, len).unwrap(),
+        }
+    }
+
+    #[test]
+    fn ranges_a_little_apart_are_joined_per_file() {
+        let got = joined(
+            [
+                at(0, 0, 48),
+                at(0, 64, 12),
+                at(0, 76, 4),
+                at(0, 80 + JOIN_GAP + 1, 8),
+                at(1, 100, 4),
+                at(1, 104, 4),
+            ]
+            .into_iter(),
+        );
+        assert_eq!(
+            got,
+            vec![at(0, 0, 80), at(0, 80 + JOIN_GAP + 1, 8), at(1, 100, 8)]
+        );
+        assert!(joined(std::iter::empty()).is_empty());
     }
 }

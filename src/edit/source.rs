@@ -149,29 +149,29 @@ impl<'a> Source<'a> {
         read.is_ok() && same
     }
 
-    /// Whether the content equals `len` bytes at `offset` of `other`.
+    /// Whether the content equals as many bytes at `offset` of `other`. The comparison stops
+    /// at the first difference and starts with a small read, doubling up to `CHUNK`: a
+    /// changed tensor usually differs early, so telling it apart costs little whatever its
+    /// size, and only content that is the same is read whole.
     pub fn equals_file_range(
         &self, other: &File, offset: u64, buf: &mut Vec<u8>,
     ) -> io::Result<bool> {
-        let mut theirs = vec![0u8; CHUNK.min(self.len() as usize)];
-        let mut at = offset;
-        let mut same = true;
-        self.for_each_chunk(buf, |mine| {
-            if !same {
-                return Ok(());
+        const FIRST: u64 = 4 << 10;
+        let mut at = 0;
+        let mut step = FIRST;
+        while at < self.len() {
+            let n = step.min(self.len() - at) as usize;
+            buf.resize(2 * n, 0);
+            let (mine, theirs) = buf.split_at_mut(n);
+            self.read_at(at, mine)?;
+            other.read_exact_at(&mut theirs[..n], offset + at)?;
+            if *mine != theirs[..n] {
+                return Ok(false);
             }
-            for part in mine.chunks(CHUNK) {
-                let t = &mut theirs[..part.len()];
-                other.read_exact_at(t, at)?;
-                at += part.len() as u64;
-                if t != part {
-                    same = false;
-                    break;
-                }
-            }
-            Ok(())
-        })?;
-        Ok(same)
+            at += n as u64;
+            step = (step * 2).min(CHUNK as u64);
+        }
+        Ok(true)
     }
 }
 
@@ -215,4 +215,39 @@ pub(super) fn copy_in_kernel(
         left -= n as u64;
     }
     Ok(len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equals_file_range_finds_a_difference_anywhere_and_equal_content() {
+        let len = 3 * CHUNK + 12345;
+        let content: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+        let mut file = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut file, b"prefix").unwrap();
+        std::io::Write::write_all(&mut file, &content).unwrap();
+        let mut buf = Vec::new();
+        let same = Source::Memory(&content);
+        assert!(same.equals_file_range(&file, 6, &mut buf).unwrap());
+        for at in [0, 1, (64 << 10) + 3, CHUNK + 5, len - 1] {
+            let mut other = content.clone();
+            other[at] ^= 1;
+            let src = Source::Memory(&other);
+            assert!(!src.equals_file_range(&file, 6, &mut buf).unwrap(), "{at}");
+            // The same from a file source.
+            let mut f = tempfile::tempfile().unwrap();
+            std::io::Write::write_all(&mut f, &other).unwrap();
+            let src = Source::File {
+                file: &f,
+                offset: 0,
+                len: len as u64,
+            };
+            assert!(!src.equals_file_range(&file, 6, &mut buf).unwrap(), "{at}");
+        }
+        // Equal as far as the file goes, but the file ends first: an error, not "different".
+        file.set_len(6 + len as u64 - 1).unwrap();
+        assert!(same.equals_file_range(&file, 6, &mut buf).is_err());
+    }
 }

@@ -178,7 +178,7 @@ impl Fs {
         staged.reserve(size);
         let mut at = 0;
         while at < size {
-            let data = super::read::read(tree.clone(), ino, at, CHUNK)?;
+            let data = super::read::read_for_copy(tree.clone(), ino, at, CHUNK)?;
             if data.bytes().is_empty() {
                 break;
             }

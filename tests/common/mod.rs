@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod mount;
+pub mod safetensors;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -34,23 +34,28 @@ impl Mount {
     /// `args`.
     pub fn new(file: &Path, data: &[PathBuf], args: &[&str]) -> Mount {
         let Copied {
-            dir,
-            root,
-            model,
-            data,
+            dir, model, data, ..
         } = copy_files(file, data);
-        let mnt = root.join("mnt");
+        let mut m = Mount::unmounted(dir, model, data, args);
+        m.mount();
+        m
+    }
+
+    /// A mount of `model` (and `data`), files under `dir`, on a new `mnt` directory in
+    /// `dir`, with `args`; not mounted yet.
+    pub fn unmounted(
+        dir: tempfile::TempDir, model: PathBuf, data: Vec<PathBuf>, args: &[&str],
+    ) -> Mount {
+        let mnt = dir.path().canonicalize().unwrap().join("mnt");
         std::fs::create_dir(&mnt).unwrap();
-        let mut m = Mount {
+        Mount {
             dir,
             model,
             data,
             mnt,
             args: args.iter().map(|s| s.to_string()).collect(),
             live: false,
-        };
-        m.mount();
-        m
+        }
     }
 
     pub fn mount(&mut self) {
