@@ -6,11 +6,14 @@
 //! channels-last convolution, every datatype). Synthetic payloads cover the `XN00` schema, bare
 //! flatbuffers and constants inside the payload, which no current exporter writes.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use common::Rng;
 use ptefs::backend::xnnpack::quant::QuantLayout;
 use ptefs::backend::xnnpack::render::{
     graph_json, graph_txt, header_json, value_json, ResolvedBytes,
@@ -1039,19 +1042,13 @@ fn truncations_and_bit_flips_are_errors_not_panics() {
 
 // ---- quantization round trips ----
 
-/// A deterministic stream of floats in [-1, 1).
-struct Noise(u64);
+/// A float in [-1, 1) from the test's seeded generator.
+fn unit(rng: &mut Rng) -> f32 {
+    ((rng.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
 
-impl Noise {
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| (self.next().to_bits() >> 3) as u8).collect()
-    }
+fn random_bytes(rng: &mut Rng, n: usize) -> Vec<u8> {
+    (0..n).map(|_| rng.next() as u8).collect()
 }
 
 fn value(datatype: Datatype, dims: &[u32], quant: Option<QuantParams>) -> XnnValue {
@@ -1117,9 +1114,9 @@ fn per_tensor(scale: f32, zero_point: i32) -> Option<QuantParams> {
 }
 
 /// Positive normal scales in the layout's dtype.
-fn random_scales(layout: &QuantLayout, noise: &mut Noise) -> Vec<u8> {
+fn random_scales(layout: &QuantLayout, rng: &mut Rng) -> Vec<u8> {
     let n = (layout.scale_nbytes() / layout.scale_dtype().map_or(1, |d| d.size())) as usize;
-    let values: Vec<f32> = (0..n).map(|_| 0.01 + noise.next().abs()).collect();
+    let values: Vec<f32> = (0..n).map(|_| 0.01 + unit(rng).abs()).collect();
     match layout.scale_dtype() {
         None => Vec::new(),
         Some(ScaleDtype::Bf16) => values
@@ -1131,12 +1128,12 @@ fn random_scales(layout: &QuantLayout, noise: &mut Noise) -> Vec<u8> {
 }
 
 /// Stored bytes that are valid for the type (finite halves, nibbles, any integer).
-fn random_data(v: &XnnValue, n: usize, noise: &mut Noise) -> Vec<u8> {
+fn random_data(v: &XnnValue, n: usize, rng: &mut Rng) -> Vec<u8> {
     match v.datatype {
-        Datatype::FP32 => f32_bytes(&(0..n / 4).map(|_| noise.next() * 100.0).collect::<Vec<_>>()),
+        Datatype::FP32 => f32_bytes(&(0..n / 4).map(|_| unit(rng) * 100.0).collect::<Vec<_>>()),
         Datatype::FP16 | Datatype::BF16 => (0..n / 2)
             .flat_map(|_| {
-                let x = noise.next() * 100.0;
+                let x = unit(rng) * 100.0;
                 let h = if v.datatype == Datatype::BF16 {
                     (x.to_bits() >> 16) as u16
                 } else {
@@ -1145,7 +1142,7 @@ fn random_data(v: &XnnValue, n: usize, noise: &mut Noise) -> Vec<u8> {
                 h.to_le_bytes()
             })
             .collect(),
-        _ => noise.bytes(n),
+        _ => random_bytes(rng, n),
     }
 }
 
@@ -1158,9 +1155,9 @@ fn half_bits(x: f32) -> u16 {
 fn round_trip(v: &XnnValue, seed: u64) {
     let what = format!("{:?} {:?}", v.datatype, v.dims);
     let layout = QuantLayout::for_value(v).unwrap_or_else(|e| panic!("{what}: {e}"));
-    let mut noise = Noise(seed);
-    let data = random_data(v, layout.data_nbytes() as usize, &mut noise);
-    let mut scales = random_scales(&layout, &mut noise);
+    let mut rng = Rng::new(seed);
+    let data = random_data(v, layout.data_nbytes() as usize, &mut rng);
+    let mut scales = random_scales(&layout, &mut rng);
     if let Some(QuantParams::PerTensor { scale, .. }) = &v.quant {
         scales = scale.to_le_bytes().to_vec();
     }

@@ -117,7 +117,9 @@ impl QuantLayout {
         let desc = value.describe();
         let numel = element_count(&value.dims)
             .ok_or_else(|| QuantError::new(format!("{desc}: element count overflows 64 bits")))?;
-        let data_nbytes = dt.nbytes(&value.dims).map_err(QuantError::new)?;
+        let data_nbytes = dt
+            .nbytes(&value.dims)
+            .map_err(|e| QuantError::new(e.message()))?;
         // Runs never cross a 4-bit row; other types have no rows.
         let row_len = if dt.is_4bit() {
             value.dims.last().map_or(1, |&d| u64::from(d))
