@@ -852,6 +852,112 @@ fn a_bare_flatbuffer_with_named_constants_has_no_constant_buffer() {
     assert!(e.message().contains("constant_buffer"), "{e}");
 }
 
+/// `linear_graph` with a quantized filter and bias (each a named constant with named
+/// scales), and optionally a second linear that adds the same bias to another filter.
+fn quantized_linear(
+    filter: xnn_fb::XNNDatatype, filter_quant: xnn_fb::XNNQuantParamsT, bias: xnn_fb::XNNDatatype,
+    second_node: bool,
+) -> XnnGraph {
+    let quantized = |id, datatype, dims: &[u32], constant, quant| {
+        let mut q = xnn_fb::XNNQuantizedTensorValueT::default();
+        q.tensor_value = Some(Box::new(tensor_t(id, datatype, dims, constant)));
+        q.quant_params = quant;
+        xvalue(xnn_fb::XValueUnionT::XNNQuantizedTensorValue(Box::new(q)))
+    };
+    let per_channel = |scale_buffer_idx| {
+        let mut q = xnn_fb::PerChannelQuantT::default();
+        (q.scale_buffer_idx, q.num_scales) = (scale_buffer_idx, 3);
+        xnn_fb::XNNQuantParamsT::PerChannelQuant(Box::new(q))
+    };
+    let mut g = linear_graph();
+    let values = g.xvalues.as_mut().unwrap();
+    values[1] = quantized(1, filter, &[3, 64], 1, filter_quant);
+    values[2] = match bias {
+        xnn_fb::XNNDatatype::xnn_datatype_fp32 => tensor(2, bias, &[3], 3),
+        _ => quantized(2, bias, &[3], 3, per_channel(4)),
+    };
+    if second_node {
+        values.push(quantized(4, filter, &[3, 64], 5, per_channel(2)));
+        let mut fc = xnn_fb::XNNFullyConnectedT::default();
+        (fc.input1_id, fc.filter_id, fc.bias_id, fc.output_id) = (0, 4, 2, 3);
+        let mut node = xnn_fb::XNodeT::default();
+        node.xnode_union = xnn_fb::XNodeUnionT::XNNFullyConnected(Box::new(fc));
+        g.xnodes.as_mut().unwrap().push(node);
+    }
+    g.constant_data = Some(
+        ["", "w", "ws", "b", "bs", "w2"]
+            .iter()
+            .map(|k| constant_entry(u64::MAX, 16, (!k.is_empty()).then_some(*k)))
+            .collect(),
+    );
+    decode(&with_header(&pack(&g, "XN01"), &[])).unwrap()
+}
+
+/// Which writes get fresh scales and which int32 biases follow them (`ScalePlan`).
+#[test]
+fn scale_plans_follow_how_the_runtime_reads_each_constant() {
+    use ptefs::backend::xnnpack::placed::{scale_plan, ScalePlan};
+    use xnn_fb::XNNDatatype as D;
+    let per_channel = || {
+        let mut q = xnn_fb::PerChannelQuantT::default();
+        (q.scale_buffer_idx, q.num_scales) = (2, 3);
+        xnn_fb::XNNQuantParamsT::PerChannelQuant(Box::new(q))
+    };
+    let blockwise = || {
+        let mut q = xnn_fb::PerChannelGroupQuantT::default();
+        (q.scale_buffer_idx, q.num_scales, q.group_size) = (2, 6, 32);
+        xnn_fb::XNNQuantParamsT::PerChannelGroupQuant(Box::new(q))
+    };
+    let (qcint8, qcint4, qbint4) = (
+        D::xnn_datatype_qcint8,
+        D::xnn_datatype_qcint4,
+        D::xnn_datatype_qbint4,
+    );
+    let (qcint32, fp32) = (D::xnn_datatype_qcint32, D::xnn_datatype_fp32);
+    let fresh = |biases: Vec<u32>| Ok(ScalePlan::Fresh { biases });
+    // (filter, its quantization, bias, a second node adding the bias, the filter's plan)
+    let cases = [
+        // An int32 bias follows its filter's fresh scales.
+        (qcint8, per_channel(), qcint32, false, fresh(vec![2])),
+        // A float bias has nothing to follow.
+        (qcint4, per_channel(), fp32, false, fresh(vec![])),
+        (qbint4, blockwise(), fp32, false, fresh(vec![])),
+        // Blockwise scales cannot carry an int32 bias's unit.
+        (
+            qbint4,
+            blockwise(),
+            qcint32,
+            false,
+            Err("blockwise scales give no per-output scale"),
+        ),
+        // A bias added to two filters follows neither alone.
+        (
+            qcint8,
+            per_channel(),
+            qcint32,
+            true,
+            Err("its bias %2 (qcint32[3]) is also the bias of node 1"),
+        ),
+    ];
+    for (filter, quant, bias, second, want) in cases {
+        let g = quantized_linear(filter, quant, bias, second);
+        let got = scale_plan(&g, g.value(1).unwrap());
+        match (got, want) {
+            (Ok(plan), Ok(want)) => assert_eq!(plan, want, "{filter:?} with a {bias:?} bias"),
+            (Err(e), Err(words)) => {
+                assert_eq!(e.errno(), libc::EINVAL);
+                assert!(e.message().contains(words), "{e}");
+            }
+            (got, want) => panic!("{filter:?} with a {bias:?} bias: {got:?}, expected {want:?}"),
+        }
+        if bias == qcint32 && !second {
+            // The bias itself keeps its scales: the runtime reads it in its node's units.
+            let kept = scale_plan(&g, g.value(2).unwrap()).unwrap();
+            assert!(matches!(kept, ScalePlan::Keep { .. }), "{kept:?}");
+        }
+    }
+}
+
 fn expect_error(graph: &xnn_fb::XNNGraphT, needle: &str) {
     let payload = with_header(&pack(graph, "XN01"), &[]);
     match decode(&payload) {

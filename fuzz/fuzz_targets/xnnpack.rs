@@ -56,6 +56,13 @@ fn exercise_layout(layout: &QuantLayout, data: &[u8], window: u64) {
         assert!(back.iter().all(|v| v.is_finite()));
     }
     let _ = layout.requantize_with_scales(&values, &mut again, &scales);
+    // What a write that rescales an int32 bias does with the scales it reads and stores.
+    if let Ok(read) = layout.scale_values(&scales) {
+        let ratios: Vec<f64> = read.iter().map(|&s| f64::from(s)).collect();
+        let mut rescaled = vec![0u8; stored.len()];
+        let _ = layout.rescale_int32(&stored, &ratios, &mut rescaled);
+        let _ = layout.store_scale_values(&read, &mut fresh_scales);
+    }
 }
 
 fn synthetic(selector: u8, data: &[u8]) -> Option<XnnValue> {

@@ -2,14 +2,19 @@
 //! DESIGN.md §3.1): the array is re-quantized the way the datatype defines, and the
 //! constant's bytes and its scales are written together, as one commit.
 //!
+//! Which scales are fresh and which are kept, and when an int32 bias is rescaled with its
+//! filter, is [`ScalePlan`]'s rule.
+//!
 //! Invariants: the value is found again in the payload as it is on disk now (the tree that
 //! showed the view may be older); nothing is written unless the whole array re-quantizes;
-//! scales shared with another value are never rewritten (the write is refused instead).
+//! bytes that another XNNPACK value reads (its constant or its scales) are never rewritten
+//! (the write is refused instead); every write of one commit lies in one file, so the
+//! weights, their scales and a rescaled bias change together or not at all.
 
 use super::source::{Bytes, Source};
 use super::validate::Plan;
-use crate::backend::xnnpack::placed::{keeps_scales, locate, Placed};
-use crate::backend::xnnpack::{self, ConstantRef, KeyRole, XnnGraph};
+use crate::backend::xnnpack::placed::{locate, scale_plan, Placed, ScalePlan};
+use crate::backend::xnnpack::{self, KeyRole, XnnGraph};
 use crate::backend::{decode_payload, BackendView};
 use crate::error::{Error, Result};
 use crate::format::layout::Location;
@@ -48,31 +53,6 @@ fn decoded(model: &Model, plan: usize, delegate: usize) -> Result<(XnnGraph, Loc
     }
 }
 
-/// Another value (in any decoded payload of the model) that reads named-data key `key`,
-/// other than value `id` of delegate (`plan`, `delegate`) reading it as scales.
-fn other_reader(model: &Model, key: &str, plan: usize, delegate: usize, id: u32) -> Option<String> {
-    let pte = model.pte()?;
-    let plans = pte.program.execution_plan.as_deref().unwrap_or_default();
-    for (p, pl) in plans.iter().enumerate() {
-        for j in 0..pl.delegates.as_ref().map_or(0, Vec::len) {
-            let Ok((g, _)) = decoded(model, p, j) else {
-                continue;
-            };
-            for u in g.named_uses() {
-                let this = (p, j, u.value, u.role) == (plan, delegate, id, KeyRole::Scale);
-                if u.key == key && !this {
-                    return Some(format!(
-                        "value %{} of plan {p} delegate {j} (as its {})",
-                        u.value,
-                        u.role.as_str()
-                    ));
-                }
-            }
-        }
-    }
-    None
-}
-
 /// Reads `n` little-endian float32 values from `source`.
 fn floats(source: Source, n: u64) -> Result<Vec<f32>> {
     let mut out = Vec::new();
@@ -98,6 +78,181 @@ fn floats(source: Source, n: u64) -> Result<Vec<f32>> {
         })
         .map_err(|e| Error::io("read the staged array", e))?;
     Ok(out)
+}
+
+/// One range a re-quantizing commit writes, and the value (with its role) whose bytes it is.
+struct Write {
+    at: Location,
+    bytes: Vec<u8>,
+    value: u32,
+    role: KeyRole,
+}
+
+/// What a value reads with `role`, for messages.
+fn part(role: KeyRole) -> &'static str {
+    match role {
+        KeyRole::Scale => "scales",
+        KeyRole::Constant => "bytes",
+    }
+}
+
+/// A located range cut to the `len` bytes a layout reads.
+fn cut(l: Location, len: u64) -> Location {
+    Location {
+        file: l.file,
+        range: l.range.prefix(len),
+    }
+}
+
+/// Refuses `writes` when another XNNPACK value of the model (in any decoded payload) reads
+/// bytes they change, as its constant or its scales: new weights or fresh scales would
+/// silently change that value too.
+fn refuse_shared(
+    model: &Model, plan: usize, delegate: usize, what: &str, writes: &[Write],
+) -> Result<()> {
+    let Some(pte) = model.pte() else {
+        return Ok(());
+    };
+    let plans = pte.program.execution_plan.as_deref().unwrap_or_default();
+    let overlaps = |a: &Location, b: &Location| {
+        a.file == b.file && a.range.start() < b.range.end() && b.range.start() < a.range.end()
+    };
+    for (p, pl) in plans.iter().enumerate() {
+        for j in 0..pl.delegates.as_ref().map_or(0, Vec::len) {
+            let Ok((g, payload)) = decoded(model, p, j) else {
+                continue;
+            };
+            for v in &g.values {
+                let scales = v
+                    .quant
+                    .as_ref()
+                    .and_then(|q| q.scale_ref())
+                    .map(|s| s.bytes);
+                let reads = [
+                    (KeyRole::Constant, v.constant.clone()),
+                    (KeyRole::Scale, scales),
+                ];
+                for (role, r) in reads {
+                    let Some(l) = r.and_then(|r| locate(model, payload, &r)) else {
+                        continue;
+                    };
+                    let hit = writes.iter().find(|w| {
+                        overlaps(&w.at, &l)
+                            && (p, j, v.id, role) != (plan, delegate, w.value, w.role)
+                    });
+                    if let Some(w) = hit {
+                        return Err(Error::invalid(format!(
+                            "{what}: value %{} of plan {p} delegate {j} reads the {} of %{} (in {}) too, as its own {}: \
+                             re-quantizing would change that value as well; write the raw bytes (.bin or .npy) instead",
+                            v.id,
+                            part(w.role),
+                            w.value,
+                            model.files[w.at.file].path.display(),
+                            part(role),
+                        )));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Refuses `writes` that span more than one file: a commit is atomic within one file only.
+fn refuse_several_files(model: &Model, what: &str, writes: &[Write]) -> Result<()> {
+    let Some(first) = writes.first() else {
+        return Ok(());
+    };
+    if let Some(w) = writes.iter().find(|w| w.at.file != first.at.file) {
+        let name = |w: &Write| model.files[w.at.file].path.display().to_string();
+        return Err(Error::invalid(format!(
+            "{what}: the {} of %{} are in {} and the {} of %{} in {}; a commit is atomic within one file only, so they cannot change together",
+            part(first.role),
+            first.value,
+            name(first),
+            part(w.role),
+            w.value,
+            name(w)
+        )));
+    }
+    Ok(())
+}
+
+/// The writes that rescale int32 bias `id` after its filter's scales went from `old` to
+/// `new` (one per channel, or one for the whole filter): each integer times old / new, its
+/// stored scales times new / old (see [`ScalePlan`]).
+fn rescale_bias(
+    model: &Model, payload: Location, graph: &XnnGraph, filter: &str, id: u32, old: &[f32],
+    new: &[f32],
+) -> Result<[Write; 2]> {
+    let b = graph
+        .value(id)
+        .ok_or_else(|| Error::new(libc::ESTALE, format!("{filter}: its bias %{id} is gone")))?;
+    let what = format!("{filter}: its int32 bias %{id} ({})", b.describe());
+    let placed = Placed::f32_view(model, payload, b, true).ok_or_else(|| {
+        Error::invalid(format!(
+            "{what}: its bytes or scales are not at hand, or not of the size its datatype and dims need"
+        ))
+    })?;
+    let layout = &placed.layout;
+    let scales_at = placed
+        .scales
+        .map(|l| cut(l, layout.scale_nbytes()))
+        .ok_or_else(|| Error::invalid(format!("{what}: its scales are not at hand")))?;
+    let data_at = cut(placed.data, layout.data_nbytes());
+    let bytes = |l: &Location| &model.files[l.file].bytes()[l.range.as_usize()];
+    let refuse = |e: xnnpack::QuantError| Error::invalid(format!("{what}: {}", e.message()));
+    let stored = layout.scale_values(bytes(&scales_at)).map_err(refuse)?;
+    let mut ratios = Vec::with_capacity(stored.len());
+    let mut scales = Vec::with_capacity(stored.len());
+    for (c, &s) in stored.iter().enumerate() {
+        let f = match (old.len(), stored.len()) {
+            (n, m) if n == m => c,
+            (1, _) => 0,
+            (n, m) => {
+                return Err(Error::invalid(format!(
+                    "{what}: it has {m} scales and the filter {n}; each bias channel must follow one filter channel"
+                )))
+            }
+        };
+        if !(old[f].is_normal() && old[f] > 0.0) {
+            return Err(Error::invalid(format!(
+                "{what}: the filter's stored scale {f} is {}, not a positive normal float, so the bias's unit is unknown",
+                old[f]
+            )));
+        }
+        let ratio = f64::from(old[f]) / f64::from(new[f]);
+        let scale = (f64::from(s) / ratio) as f32;
+        if !(scale.is_normal() && scale > 0.0) {
+            return Err(Error::invalid(format!(
+                "{what}: its scale {c} ({s}) would become {scale}, which XNNPACK refuses"
+            )));
+        }
+        ratios.push(ratio);
+        scales.push(scale);
+    }
+    let mut data = vec![0u8; layout.data_nbytes() as usize];
+    layout
+        .rescale_int32(bytes(&data_at), &ratios, &mut data)
+        .map_err(refuse)?;
+    let mut scale_bytes = vec![0u8; layout.scale_nbytes() as usize];
+    layout
+        .store_scale_values(&scales, &mut scale_bytes)
+        .map_err(refuse)?;
+    Ok([
+        Write {
+            at: data_at,
+            bytes: data,
+            value: id,
+            role: KeyRole::Constant,
+        },
+        Write {
+            at: scales_at,
+            bytes: scale_bytes,
+            value: id,
+            role: KeyRole::Scale,
+        },
+    ])
 }
 
 /// Decides the writes that make `data` (a `.npy` of float32) the new value of constant
@@ -158,44 +313,62 @@ pub fn plan<'a>(
     }
     let input = floats(body, layout.numel())?;
     let refuse = |e: xnnpack::QuantError| Error::invalid(format!("{what}: {}", e.message()));
-    let mut weights = vec![0u8; layout.data_nbytes() as usize];
-    let data_at = Location {
-        file: placed.data.file,
-        range: placed.data.range.prefix(layout.data_nbytes()),
-    };
-    let scales_at = placed.scales.map(|l| Location {
-        file: l.file,
-        range: l.range.prefix(layout.scale_nbytes()),
-    });
+    let data_at = cut(placed.data, layout.data_nbytes());
+    let scales_at = placed.scales.map(|l| cut(l, layout.scale_nbytes()));
     let bytes_of = |l: &Location| &model.files[l.file].bytes()[l.range.as_usize()];
-    if keeps_scales(&graph, v) || scales_at.is_none() {
-        let stored = scales_at.as_ref().map_or(&[][..], bytes_of);
-        layout
-            .requantize_with_scales(&input, &mut weights, stored)
-            .map_err(refuse)?;
-        return Ok(Plan::InPlace {
-            writes: vec![(data_at, Bytes::Owned(weights))],
-        });
-    }
-    let scale_ref = v.quant.as_ref().and_then(|q| q.scale_ref());
-    if let Some(ConstantRef::Named { key, .. }) = scale_ref.as_ref().map(|s| &s.bytes) {
-        if let Some(other) = other_reader(model, key, plan, delegate, value) {
-            return Err(Error::invalid(format!(
-                "{what}: its scales (named data \"{key}\") are read by {other} too: fresh scales would change it; write its .bin or .npy instead"
-            )));
+    let stored = scales_at.as_ref().map_or(&[][..], bytes_of);
+    let mut weights = vec![0u8; layout.data_nbytes() as usize];
+    let mut writes = Vec::new();
+    match scale_plan(&graph, v)? {
+        ScalePlan::Keep { reason } => {
+            layout
+                .requantize_with_scales(&input, &mut weights, stored)
+                .map_err(|e| {
+                    Error::invalid(format!(
+                        "{what}: {} (its stored scales are kept: {reason})",
+                        e.message()
+                    ))
+                })?;
+            writes.push(Write {
+                at: data_at,
+                bytes: weights,
+                value,
+                role: KeyRole::Constant,
+            });
+        }
+        ScalePlan::Fresh { biases } => {
+            let scales_at = scales_at.ok_or_else(|| {
+                Error::invalid(format!("{what}: its scales are not at hand to be replaced"))
+            })?;
+            let old = layout.scale_values(stored).map_err(refuse)?;
+            let mut scales = vec![0u8; layout.scale_nbytes() as usize];
+            layout
+                .requantize(&input, &mut weights, &mut scales)
+                .map_err(refuse)?;
+            let new = layout.scale_values(&scales).map_err(refuse)?;
+            writes.push(Write {
+                at: data_at,
+                bytes: weights,
+                value,
+                role: KeyRole::Constant,
+            });
+            writes.push(Write {
+                at: scales_at,
+                bytes: scales,
+                value,
+                role: KeyRole::Scale,
+            });
+            for b in biases {
+                writes.extend(rescale_bias(model, payload, &graph, &what, b, &old, &new)?);
+            }
         }
     }
-    let scales_at = scales_at.expect("checked above");
-    // The scales are where the graph says; make sure nothing moved since the view was made.
-    debug_assert!(scale_ref
-        .as_ref()
-        .and_then(|s| locate(model, payload, &s.bytes))
-        .is_some());
-    let mut scales = vec![0u8; layout.scale_nbytes() as usize];
-    layout
-        .requantize(&input, &mut weights, &mut scales)
-        .map_err(refuse)?;
-    let mut writes = vec![(data_at, Bytes::Owned(weights))];
-    writes.push((scales_at, Bytes::Owned(scales)));
-    Ok(Plan::InPlace { writes })
+    refuse_shared(model, plan, delegate, &what, &writes)?;
+    refuse_several_files(model, &what, &writes)?;
+    Ok(Plan::InPlace {
+        writes: writes
+            .into_iter()
+            .map(|w| (w.at, Bytes::Owned(w.bytes)))
+            .collect(),
+    })
 }

@@ -29,7 +29,10 @@
 //! dtype first and the weights are quantized with that stored value, so dequantizing the
 //! result reproduces it. XNNPACK refuses scales that are not positive normal floats, so an
 //! all-zero channel or group gets scale 1 and tiny ones at least `f32::MIN_POSITIVE`.
-//! Non-finite inputs are refused.
+//! Non-finite inputs are refused, and so are values that scales kept as stored cannot
+//! represent (more than half a step beyond the range). Which writes get fresh scales is
+//! `placed::ScalePlan`'s rule; an int32 bias that follows a filter's scales is rescaled by
+//! [`QuantLayout::rescale_int32`].
 
 use std::fmt;
 
@@ -314,6 +317,18 @@ impl QuantLayout {
         )))
     }
 
+    /// Refuses `found` values of something given one per scale, unless there are as many.
+    fn check_per_scale(&self, what: &str, found: usize) -> Result<(), QuantError> {
+        if found as u64 == self.scale_count {
+            return Ok(());
+        }
+        Err(QuantError::new(format!(
+            "{}: {found} {what} given, expected one per scale ({})",
+            self.describe(),
+            self.scale_count
+        )))
+    }
+
     /// The runs of elements `first..end` that share one scale and one 4-bit row.
     fn runs(&self, first: u64, end: u64) -> Runs {
         Runs::new(self, first, end)
@@ -446,14 +461,106 @@ impl QuantLayout {
     }
 
     /// Re-quantizes `input` with the scales already stored (`scales`, as for
-    /// [`Self::dequantize`]), clamping what they cannot represent.
+    /// [`Self::dequantize`]). A value those scales cannot represent (beyond the type's range
+    /// by more than half a step) is refused, not clamped: clamping would silently store
+    /// another weight than the one written.
     pub fn requantize_with_scales(
         &self, input: &[f32], data_out: &mut [u8], scales: &[u8],
     ) -> Result<(), QuantError> {
         self.check_requantize(input, data_out)?;
         self.check_len("scales", scales.len(), self.scale_nbytes(), false)?;
         self.check_finite(input)?;
+        self.check_representable(input, scales)?;
         self.encode(input, data_out, scales)
+    }
+
+    /// Refuses the first element of `input` that quantizes outside the type's range with
+    /// `scales` by more than half a step (or at all, with a scale that is not a positive
+    /// finite float).
+    fn check_representable(&self, input: &[f32], scales: &[u8]) -> Result<(), QuantError> {
+        if self.scale_count == 0 {
+            return Ok(());
+        }
+        let (lo, hi) = int_range(self.datatype);
+        let (lo, hi) = (lo as f64 - 0.5, hi as f64 + 0.5);
+        let zero = f64::from(self.zero_point());
+        for run in self.runs(0, self.numel) {
+            let scale = self.scale_at(scales, run.scale);
+            let values = &input[run.start as usize..run.start as usize + run.len];
+            for (k, &v) in values.iter().enumerate() {
+                let q = f64::from(v) / f64::from(scale) + zero;
+                if !(lo..=hi).contains(&q) {
+                    return Err(QuantError::new(format!(
+                        "{}: element {} ({v}) is not representable with its stored scale {scale}{}: \
+                         it would be {q:.1}, outside {}..={}",
+                        self.describe(),
+                        run.start + k as u64,
+                        if zero != 0.0 {
+                            format!(" and zero point {zero}")
+                        } else {
+                            String::new()
+                        },
+                        lo + 0.5,
+                        hi - 0.5
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The `scale_nbytes()` bytes of `scales` as the values the runtime computes with, one
+    /// per channel or group (one for per-tensor parameters, none for float types).
+    pub fn scale_values(&self, scales: &[u8]) -> Result<Vec<f32>, QuantError> {
+        self.check_len("scales", scales.len(), self.scale_nbytes(), false)?;
+        Ok((0..self.scale_count as usize)
+            .map(|i| self.scale_at(scales, i))
+            .collect())
+    }
+
+    /// Stores `values` (one per scale) into `out` in the stored scale dtype, each rounded
+    /// the way [`Self::requantize`] rounds fresh scales.
+    pub fn store_scale_values(&self, values: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
+        self.check_len("scales_out", out.len(), self.scale_nbytes(), true)?;
+        self.check_per_scale("scales", values.len())?;
+        for (i, &v) in values.iter().enumerate() {
+            self.store_scale(out, i, v);
+        }
+        Ok(())
+    }
+
+    /// Rescales a stored int32 bias (`qint32`, `qcint32`) whose unit follows a filter's
+    /// scales: the element of channel `c` (its scale index) becomes `round(q × ratios[c])`,
+    /// ties to even, computed in double precision. A result outside the int32 range is
+    /// refused, naming the element.
+    pub fn rescale_int32(
+        &self, data: &[u8], ratios: &[f64], out: &mut [u8],
+    ) -> Result<(), QuantError> {
+        if !matches!(self.datatype, Datatype::QINT32 | Datatype::QCINT32) {
+            return Err(QuantError::new(format!(
+                "{}: only int32 biases are rescaled",
+                self.describe()
+            )));
+        }
+        self.check_len("data", data.len(), self.data_nbytes, false)?;
+        self.check_len("data_out", out.len(), self.data_nbytes, true)?;
+        self.check_per_scale("ratios", ratios.len())?;
+        for run in self.runs(0, self.numel) {
+            let ratio = ratios[run.scale];
+            for e in run.start as usize..run.start as usize + run.len {
+                let b = &data[4 * e..4 * e + 4];
+                let q = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                let r = (f64::from(q) * ratio).round_ties_even();
+                if !(f64::from(i32::MIN)..=f64::from(i32::MAX)).contains(&r) {
+                    return Err(QuantError::new(format!(
+                        "{}: element {e} ({q}) rescaled by {ratio} is {r}, outside the int32 range",
+                        self.describe()
+                    )));
+                }
+                out[4 * e..4 * e + 4].copy_from_slice(&(r as i32).to_le_bytes());
+            }
+        }
+        Ok(())
     }
 
     fn check_requantize(&self, input: &[f32], data_out: &[u8]) -> Result<(), QuantError> {
@@ -949,6 +1056,39 @@ mod tests {
             Scheme::Blockwise { cols, group } => (e / cols) * (cols / group) + (e % cols) / group,
         };
         (scale as usize, e / l.row_len)
+    }
+
+    #[test]
+    fn int32_biases_rescale_per_channel_and_refuse_overflow() {
+        let l = layout(
+            Datatype::QCINT32,
+            &[3],
+            Some(QuantParams::PerChannel {
+                scale: None,
+                channel_dim: 0,
+                scale_buffer_idx: 1,
+                num_scales: 3,
+                scales: scales(ScaleDtype::F32, 3),
+            }),
+        );
+        let data: Vec<u8> = [10i32, -7, 1 << 29]
+            .iter()
+            .flat_map(|q| q.to_le_bytes())
+            .collect();
+        let mut out = vec![0u8; 12];
+        l.rescale_int32(&data, &[2.0, 0.5, 1.0], &mut out).unwrap();
+        let got: Vec<i32> = out
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        // -3.5 rounds to the even -4.
+        assert_eq!(got, [20, -4, 1 << 29]);
+        let e = l
+            .rescale_int32(&data, &[1.0, 1.0, 4.0], &mut out)
+            .unwrap_err();
+        assert!(e.message().contains("element 2"), "{e}");
+        assert!(e.message().contains("outside the int32 range"), "{e}");
+        assert!(l.rescale_int32(&data, &[1.0], &mut out).is_err());
     }
 
     #[test]
