@@ -39,7 +39,7 @@ def check(torch, name, pte, ptd, manifest, mode="same", expected_npy=None):
         return False, f"FAIL {name}: manifest has no runtime_check"
     method = rc["method"]
     label = f"{name} {method}"
-    result = run_in_child(pte, ptd, method, rc["inputs"])
+    result = run_in_child(pte, ptd, method, rc["inputs"], rc.get("imports", ()))
     if result[0] != "ok":
         return False, f"FAIL {label}: {result[1]}"
     _, shape, values, dtype = result

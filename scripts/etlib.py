@@ -51,16 +51,23 @@ def manifest_io(torch, manifest):
     return inputs, expected
 
 
-def run_in_child(pte, ptd, method, inputs):
-    """Runs `method` of the program in a forked child on the manifest `inputs`; returns
-    ("ok", shape, values, dtype) or ("error", reason)."""
+def run_in_child(pte, ptd, method, inputs, imports=()):
+    """Runs `method` of the program in a forked child on the manifest `inputs`, after
+    importing the modules `imports` names (a manifest's `runtime_check.imports`, which
+    register custom kernels such as the LLM exports' SDPA); returns ("ok", shape, values,
+    dtype) or ("error", reason)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(r)
         try:
+            import importlib
+
             import torch
             from executorch.runtime import Runtime
+
+            for module in imports:
+                importlib.import_module(module)
 
             # Silence the runtime's own stderr chatter in the child.
             devnull = os.open(os.devnull, os.O_WRONLY)
