@@ -650,19 +650,7 @@ fn llama_4bit_filters_dequantize_to_finite_values_of_their_shape() {
 
 /// `XH00` header + flatbuffer + constant region, laid out as ExecuTorch lays them out.
 fn with_header(flatbuffer: &[u8], constants: &[u8]) -> Vec<u8> {
-    let fb_offset = 32u32;
-    let padded = flatbuffer.len().div_ceil(16) * 16;
-    let cd_offset = fb_offset as usize + padded;
-    let mut out = vec![0u8; cd_offset];
-    out[4..8].copy_from_slice(b"XH00");
-    out[8..10].copy_from_slice(&30u16.to_le_bytes());
-    out[10..14].copy_from_slice(&fb_offset.to_le_bytes());
-    out[14..18].copy_from_slice(&(flatbuffer.len() as u32).to_le_bytes());
-    out[18..22].copy_from_slice(&(cd_offset as u32).to_le_bytes());
-    out[22..30].copy_from_slice(&(constants.len() as u64).to_le_bytes());
-    out[32..32 + flatbuffer.len()].copy_from_slice(flatbuffer);
-    out.extend_from_slice(constants);
-    out
+    ptefs::backend::xnnpack::header::payload_with_header(flatbuffer, constants).unwrap()
 }
 
 fn pack(graph: &xnn_fb::XNNGraphT, identifier: &str) -> Vec<u8> {
@@ -1308,6 +1296,67 @@ fn round_trip(v: &XnnValue, seed: u64) {
             second[i],
             steps[i]
         );
+    }
+    windows_match_the_whole(
+        &layout,
+        &what,
+        &first,
+        &fresh,
+        &fresh_scales,
+        &again,
+        &scales,
+    );
+}
+
+/// Re-quantizing window by window (as a commit streams the written array) stores the same
+/// bytes as the whole at once: with fresh scales in two passes, in one pass for layouts
+/// whose scales each cover one run, and with the stored scales.
+fn windows_match_the_whole(
+    layout: &QuantLayout, what: &str, input: &[f32], fresh: &[u8], fresh_scales: &[u8],
+    kept: &[u8], scales: &[u8],
+) {
+    let n = input.len();
+    let count = layout.scale_values(fresh_scales).unwrap().len();
+    for size in [1, 7, 64, n] {
+        let mut largest = vec![0u32; count];
+        for (k, w) in input.chunks(size).enumerate() {
+            let first = (k * size) as u64;
+            layout.largest_in_window(first, w, &mut largest).unwrap();
+        }
+        let mut s = vec![0u8; fresh_scales.len()];
+        layout.store_fresh_scales(&largest, &mut s).unwrap();
+        assert_eq!(s, fresh_scales, "{what}: scales from windows of {size}");
+        let (mut d, mut k) = (layout.blank_data(), layout.blank_data());
+        for (j, w) in input.chunks(size).enumerate() {
+            let first = (j * size) as u64;
+            layout.encode_window(first, w, &mut d, &s).unwrap();
+            layout.check_window(first, w, scales).unwrap();
+            layout.encode_window(first, w, &mut k, scales).unwrap();
+        }
+        assert_eq!(d, fresh, "{what}: fresh, windows of {size}");
+        assert_eq!(k, kept, "{what}: stored scales, windows of {size}");
+    }
+    if let Some(span) = layout.scale_span() {
+        let size = span as usize * 2;
+        let (mut d, mut s) = (layout.blank_data(), vec![0u8; fresh_scales.len()]);
+        for (j, w) in input.chunks(size).enumerate() {
+            layout
+                .requantize_window((j * size) as u64, w, &mut d, &mut s)
+                .unwrap();
+        }
+        assert_eq!(
+            (d, s),
+            (fresh.to_vec(), fresh_scales.to_vec()),
+            "{what}: one pass"
+        );
+        if span == 1 {
+            return;
+        }
+        let mut s = vec![0u8; fresh_scales.len()];
+        let e = layout
+            .requantize_window(1, &input[1..], &mut layout.blank_data(), &mut s)
+            .unwrap_err();
+        assert!(e.message().contains("not whole runs"), "{e}");
     }
 }
 

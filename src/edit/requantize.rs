@@ -53,31 +53,62 @@ fn decoded(model: &Model, plan: usize, delegate: usize) -> Result<(XnnGraph, Loc
     }
 }
 
-/// Reads `n` little-endian float32 values from `source`.
-fn floats(source: Source, n: u64) -> Result<Vec<f32>> {
-    let mut out = Vec::new();
-    out.try_reserve_exact(n as usize).map_err(|_| {
-        Error::new(
-            libc::ENOMEM,
-            format!("cannot hold {n} float32 values to re-quantize"),
-        )
-    })?;
+/// Float32 values a commit converts at a time: the whole array is never held, so writing the
+/// view of a filter of any size costs the daemon a few hundred KiB beyond the stored bytes.
+const WINDOW: usize = 1 << 16;
+
+/// Calls `f(first, values)` for consecutive windows of `size` little-endian float32 values
+/// of `body` (a whole number of them; the last window may be shorter), `first` being the
+/// index of the window's first value.
+fn for_each_window(
+    body: Source, size: usize, mut f: impl FnMut(u64, &[f32]) -> Result<()>,
+) -> Result<()> {
     let mut buf = Vec::new();
-    let mut carry: Vec<u8> = Vec::new();
-    source
-        .for_each_chunk(&mut buf, |chunk| {
-            carry.extend_from_slice(chunk);
-            let whole = carry.len() / 4 * 4;
-            out.extend(
-                carry[..whole]
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-            );
-            carry.drain(..whole);
+    let mut window: Vec<f32> = Vec::with_capacity(size);
+    // The bytes of a value split between two chunks.
+    let mut carry: Vec<u8> = Vec::with_capacity(4);
+    let mut first = 0u64;
+    let mut failed = None;
+    let mut flush = |window: &mut Vec<f32>, first: &mut u64| -> Result<()> {
+        f(*first, window)?;
+        *first += window.len() as u64;
+        window.clear();
+        Ok(())
+    };
+    let read = body.for_each_chunk(&mut buf, |mut chunk| {
+        let mut step = || -> Result<()> {
+            if !carry.is_empty() {
+                let take = (4 - carry.len()).min(chunk.len());
+                carry.extend_from_slice(&chunk[..take]);
+                chunk = &chunk[take..];
+                if carry.len() == 4 {
+                    window.push(f32::from_le_bytes([carry[0], carry[1], carry[2], carry[3]]));
+                    carry.clear();
+                }
+            }
+            let whole = chunk.len() / 4 * 4;
+            for b in chunk[..whole].chunks_exact(4) {
+                window.push(f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                if window.len() == size {
+                    flush(&mut window, &mut first)?;
+                }
+            }
+            carry.extend_from_slice(&chunk[whole..]);
             Ok(())
+        };
+        step().map_err(|e| {
+            failed = Some(e);
+            std::io::Error::other("stopped")
         })
-        .map_err(|e| Error::io("read the staged array", e))?;
-    Ok(out)
+    });
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    read.map_err(|e| Error::io("read the staged array", e))?;
+    if !window.is_empty() {
+        flush(&mut window, &mut first)?;
+    }
+    Ok(())
 }
 
 /// One range a re-quantizing commit writes, and the value (with its role) whose bytes it is.
@@ -311,24 +342,27 @@ pub fn plan<'a>(
             layout.numel()
         )));
     }
-    let input = floats(body, layout.numel())?;
     let refuse = |e: xnnpack::QuantError| Error::invalid(format!("{what}: {}", e.message()));
     let data_at = cut(placed.data, layout.data_nbytes());
     let scales_at = placed.scales.map(|l| cut(l, layout.scale_nbytes()));
     let bytes_of = |l: &Location| &model.files[l.file].bytes()[l.range.as_usize()];
     let stored = scales_at.as_ref().map_or(&[][..], bytes_of);
-    let mut weights = vec![0u8; layout.data_nbytes() as usize];
+    // As many bytes as the constant has in the file (Placed checked), like the scales below.
+    let mut weights = layout.blank_data();
     let mut writes = Vec::new();
     match scale_plan(&graph, v)? {
         ScalePlan::Keep { reason } => {
-            layout
-                .requantize_with_scales(&input, &mut weights, stored)
-                .map_err(|e| {
-                    Error::invalid(format!(
-                        "{what}: {} (its stored scales are kept: {reason})",
-                        e.message()
-                    ))
-                })?;
+            for_each_window(body, WINDOW, |first, w| {
+                layout
+                    .check_window(first, w, stored)
+                    .and_then(|()| layout.encode_window(first, w, &mut weights, stored))
+                    .map_err(|e| {
+                        Error::invalid(format!(
+                            "{what}: {} (its stored scales are kept: {reason})",
+                            e.message()
+                        ))
+                    })
+            })?;
             writes.push(Write {
                 at: data_at,
                 bytes: weights,
@@ -342,9 +376,32 @@ pub fn plan<'a>(
             })?;
             let old = layout.scale_values(stored).map_err(refuse)?;
             let mut scales = vec![0u8; layout.scale_nbytes() as usize];
-            layout
-                .requantize(&input, &mut weights, &mut scales)
-                .map_err(refuse)?;
+            // Whole scales per window: one pass. Else the largest magnitudes first, then the
+            // values, in a second pass.
+            let span = layout.scale_span().filter(|&s| s <= WINDOW as u64);
+            if let Some(span) = span {
+                let size = WINDOW / span as usize * span as usize;
+                for_each_window(body, size, |first, w| {
+                    layout
+                        .requantize_window(first, w, &mut weights, &mut scales)
+                        .map_err(refuse)
+                })?;
+            } else {
+                let mut largest = vec![0u32; old.len()];
+                for_each_window(body, WINDOW, |first, w| {
+                    layout
+                        .largest_in_window(first, w, &mut largest)
+                        .map_err(refuse)
+                })?;
+                layout
+                    .store_fresh_scales(&largest, &mut scales)
+                    .map_err(refuse)?;
+                for_each_window(body, WINDOW, |first, w| {
+                    layout
+                        .encode_window(first, w, &mut weights, &scales)
+                        .map_err(refuse)
+                })?;
+            }
             let new = layout.scale_values(&scales).map_err(refuse)?;
             writes.push(Write {
                 at: data_at,
@@ -371,4 +428,48 @@ pub fn plan<'a>(
             .map(|w| (w.at, Bytes::Owned(w.bytes)))
             .collect(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    /// Windows come out in order and whole, however the values straddle the source's
+    /// chunks (8 MiB reads of a file, here from an offset that is not a multiple of 4).
+    #[test]
+    fn windows_cover_every_value_across_chunks() {
+        let n = (super::super::source::CHUNK / 4) * 2 + WINDOW + 5;
+        let values: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 7.0).collect();
+        let memory: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&[9, 9, 9]).unwrap();
+        file.write_all(&memory).unwrap();
+        let source = Source::File {
+            file: &file,
+            offset: 3,
+            len: 4 * n as u64,
+        };
+        for source in [source, Source::Memory(&memory)] {
+            let mut seen = Vec::new();
+            for_each_window(source, WINDOW, |first, w| {
+                assert_eq!(first, seen.len() as u64);
+                assert!(w.len() <= WINDOW);
+                seen.extend_from_slice(w);
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(seen, values);
+        }
+        // An error from a window stops the walk and is returned as it is.
+        let e = for_each_window(Source::Memory(&memory), WINDOW, |first, _| {
+            if first > 0 {
+                return Err(Error::invalid("stop here"));
+            }
+            Ok(())
+        })
+        .unwrap_err();
+        assert_eq!(e.message(), "stop here");
+    }
 }
