@@ -232,7 +232,10 @@ fn rescale_bias(
         .ok_or_else(|| Error::invalid(format!("{what}: its scales are not at hand")))?;
     let data_at = cut(placed.data, layout.data_nbytes());
     let bytes = |l: &Location| &model.files[l.file].bytes()[l.range.as_usize()];
-    let refuse = |e: xnnpack::QuantError| Error::invalid(format!("{what}: {}", e.message()));
+    // Quantizer messages start with the datatype and dims themselves.
+    let refuse = |e: xnnpack::QuantError| {
+        Error::invalid(format!("{filter}: its int32 bias %{id}: {}", e.message()))
+    };
     let stored = layout.scale_values(bytes(&scales_at)).map_err(refuse)?;
     let mut ratios = Vec::with_capacity(stored.len());
     let mut scales = Vec::with_capacity(stored.len());
@@ -342,7 +345,8 @@ pub fn plan<'a>(
             layout.numel()
         )));
     }
-    let refuse = |e: xnnpack::QuantError| Error::invalid(format!("{what}: {}", e.message()));
+    // Quantizer messages start with the datatype and dims themselves.
+    let refuse = |e: xnnpack::QuantError| Error::invalid(format!("%{value}: {}", e.message()));
     let data_at = cut(placed.data, layout.data_nbytes());
     let scales_at = placed.scales.map(|l| cut(l, layout.scale_nbytes()));
     let bytes_of = |l: &Location| &model.files[l.file].bytes()[l.range.as_usize()];
@@ -358,7 +362,7 @@ pub fn plan<'a>(
                     .and_then(|()| layout.encode_window(first, w, &mut weights, stored))
                     .map_err(|e| {
                         Error::invalid(format!(
-                            "{what}: {} (its stored scales are kept: {reason})",
+                            "%{value}: {} (its stored scales are kept: {reason})",
                             e.message()
                         ))
                     })
