@@ -27,6 +27,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use proptest::prelude::Rng as _;
+use proptest::test_runner::{RngAlgorithm, TestRng};
 
 use ptefs::format::generated::pte_fb;
 use ptefs::format::writer::{pack_program, place_segments, pte_program_region};
@@ -91,16 +93,21 @@ fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("size {s:?} is too large"))
 }
 
-/// splitmix64: fast, deterministic, good enough for filler bytes and shape jitter.
-struct Rng(u64);
+/// proptest's XorShift generator seeded with `seed`: the same numbers for the same seed on
+/// every machine, and fast enough to fill a GiB of filler bytes.
+struct Rng(TestRng);
 
 impl Rng {
+    fn new(seed: u64) -> Rng {
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&seed.to_le_bytes());
+        // XorShift needs a seed that is not all zeros.
+        bytes[8..].copy_from_slice(&(!seed).to_le_bytes());
+        Rng(TestRng::from_seed(RngAlgorithm::XorShift, &bytes))
+    }
+
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     fn below(&mut self, n: u64) -> u64 {
@@ -227,7 +234,7 @@ fn fill(buf: &mut [u8], dtype: pte_fb::ScalarType, rng: &mut Rng) {
 fn write_tensor(
     out: &mut impl Write, dtype: pte_fb::ScalarType, n: u64, seed: u64, chunk: &mut [u8],
 ) -> std::io::Result<()> {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut left = n;
     while left > 0 {
         let len = left.min(chunk.len() as u64) as usize;
@@ -395,7 +402,7 @@ fn plan_values(args: &Args, rng: &mut Rng) -> Result<(Vec<Constant>, Vec<usize>)
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    let mut rng = Rng(args.seed);
+    let mut rng = Rng::new(args.seed);
     let (constants, ints) = plan_values(args, &mut rng)?;
 
     // Constant segment: offsets[0] = 0 placeholder, buffer k for constants[k-1].

@@ -22,7 +22,7 @@ import os
 import sys
 
 sys.dont_write_bytecode = True
-from etlib import close, load_torch, run_in_child  # noqa: E402  (scripts/, next to this file)
+from etlib import close, load_torch, register_imports, run_in_child  # noqa: E402  (scripts/, next to this file)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -37,9 +37,10 @@ def check(torch, name, pte, ptd, manifest, mode="same", expected_npy=None):
     rc = manifest.get("runtime_check")
     if rc is None:
         return False, f"FAIL {name}: manifest has no runtime_check"
+    register_imports(rc)
     method = rc["method"]
     label = f"{name} {method}"
-    result = run_in_child(pte, ptd, method, rc["inputs"], rc.get("imports", ()))
+    result = run_in_child(pte, ptd, method, rc["inputs"])
     if result[0] != "ok":
         return False, f"FAIL {label}: {result[1]}"
     _, shape, values, dtype = result

@@ -1,8 +1,9 @@
-"""What scripts/conformance.py and scripts/conformance_edits.py share: loading torch and the
-ExecuTorch runtime, turning a manifest's `runtime_check` into tensors, running a method in
-the runtime (in a forked child, so a crash on a damaged file is a result, not the end of the
-run), and comparing outputs within the tolerance of their dtype. Runs in the ExecuTorch
-virtualenv ($ET_VENV, default /work/et-venv).
+"""What the scripts that run ExecuTorch share (conformance.py, conformance_edits.py,
+manifest.py, xnnpack-rules): loading torch and the ExecuTorch runtime, turning a manifest's
+`runtime_check` into tensors, running a method in the runtime (in a forked child, so a crash
+on a damaged file is a result, not the end of the run), and comparing outputs within the
+tolerance of their dtype. Runs in the ExecuTorch virtualenv ($ET_VENV, default
+/work/et-venv).
 """
 
 import os
@@ -41,42 +42,60 @@ def inputs_to_tensors(torch, inputs):
     return out
 
 
+def import_modules(names):
+    """Imports the modules `names`: they register the custom kernels a program calls (the
+    LLM exports' `llama::custom_sdpa`, for one)."""
+    import importlib
+
+    for name in names:
+        importlib.import_module(name)
+
+
+def register_imports(runtime_check):
+    """`import_modules` of what a `runtime_check` lists under `imports`."""
+    import_modules(runtime_check.get("imports", []))
+
+
 def manifest_io(torch, manifest):
     """The inputs of a manifest's `runtime_check`, and its expected output as a float32
     tensor."""
     rc = manifest["runtime_check"]
+    register_imports(rc)
     inputs = inputs_to_tensors(torch, rc["inputs"])
     exp = rc["expected"]
     expected = torch.tensor(exp["values"], dtype=torch.float32).reshape(exp["shape"])
     return inputs, expected
 
 
+def run_method(pte, ptd, method, inputs, imports=()):
+    """Runs `method` of the program on the manifest `inputs` in this process, after importing
+    the modules `imports` names (custom operators the program calls); returns its outputs."""
+    import torch
+
+    import_modules(imports)
+    from executorch.runtime import Runtime
+
+    program = Runtime.get().load_program(pte, data_path=ptd)
+    m = program.load_method(method)
+    if m is None:
+        raise RuntimeError(f"method {method!r} not found")
+    return m.execute(inputs_to_tensors(torch, inputs))
+
+
 def run_in_child(pte, ptd, method, inputs, imports=()):
-    """Runs `method` of the program in a forked child on the manifest `inputs`, after
-    importing the modules `imports` names (a manifest's `runtime_check.imports`, which
-    register custom kernels such as the LLM exports' SDPA); returns ("ok", shape, values,
-    dtype) or ("error", reason)."""
+    """`run_method` in a forked child; returns ("ok", shape, values, dtype) of the first
+    output or ("error", reason)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(r)
         try:
-            import importlib
-
             import torch
-            from executorch.runtime import Runtime
-
-            for module in imports:
-                importlib.import_module(module)
 
             # Silence the runtime's own stderr chatter in the child.
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 2)
-            program = Runtime.get().load_program(pte, data_path=ptd)
-            m = program.load_method(method)
-            if m is None:
-                raise RuntimeError(f"method {method!r} not found")
-            out = m.execute(inputs_to_tensors(torch, inputs))[0]
+            out = run_method(pte, ptd, method, inputs, imports)[0]
             if isinstance(out, torch.Tensor):
                 t = out.contiguous()
                 dtype = str(t.dtype)

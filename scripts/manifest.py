@@ -47,6 +47,8 @@ import re
 import sys
 import tempfile
 
+import etlib  # scripts/etlib.py, beside this file
+
 _ELEM_SIZE = {
     0: 1, 1: 1, 2: 2, 3: 4, 4: 8, 5: 2, 6: 4, 7: 8, 8: 4, 9: 8, 10: 16, 11: 1, 12: 1,
     13: 1, 14: 4, 15: 2, 16: 1, 17: 1, 18: 1, 19: 1, 20: 1, 21: 1, 22: 2, 23: 1, 24: 1,
@@ -725,19 +727,6 @@ _SCALAR_BY_NAME = {
 }
 
 
-def inputs_to_tensors(inputs):
-    import torch
-
-    out = []
-    for i in inputs:
-        dtype = getattr(torch, i["dtype"].split(".", 1)[1])
-        t = torch.tensor(i["values"], dtype=dtype).reshape(i["shape"])
-        if i.get("channels_last"):
-            t = t.contiguous(memory_format=torch.channels_last)
-        out.append(t)
-    return out
-
-
 def tensor_values(t):
     import torch
 
@@ -781,21 +770,6 @@ def random_inputs(plan, seed):
     return inputs
 
 
-def run_method(pte, ptd, method, inputs, imports=()):
-    import importlib
-
-    from executorch.runtime import Runtime
-
-    for mod in imports:
-        importlib.import_module(mod)
-
-    program = Runtime.get().load_program(pte, data_path=ptd)
-    m = program.load_method(method)
-    if m is None:
-        raise RuntimeError(f"method {method} not found")
-    return m.execute(inputs_to_tensors(inputs))
-
-
 def runtime_check(path, manifest, ptd_paths, inputs_from=None):
     plans = manifest["plans"]
     if manifest["mutable_data_segments"] or not plans:
@@ -817,7 +791,7 @@ def runtime_check(path, manifest, ptd_paths, inputs_from=None):
             return None
     if len(ptd_paths) > 1:
         return None
-    outputs = run_method(path, ptd_paths[0] if ptd_paths else None, method, inputs, imports)
+    outputs = etlib.run_method(path, ptd_paths[0] if ptd_paths else None, method, inputs, imports)
     out = outputs[0]
     import torch
 

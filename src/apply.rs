@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::daemon::{lock, recovery};
@@ -70,16 +70,7 @@ fn entries_of(tree: &Tree, model: &Model, named: &[String]) -> Result<Vec<Entry>
 
 /// Runs `ptefs apply`, printing what changed (or would) to `out`.
 pub fn apply(req: &ApplyRequest, out: &mut dyn Write) -> Result<bulk::Summary> {
-    let canonical = |p: &Path| {
-        p.canonicalize()
-            .map_err(|e| Error::io(format!("{}", p.display()), e))
-    };
-    let file = canonical(&req.file)?;
-    let data = req
-        .data
-        .iter()
-        .map(|d| canonical(d))
-        .collect::<Result<Vec<_>>>()?;
+    let (file, data) = crate::daemon::canonical_files(&req.file, &req.data)?;
     let paths: Vec<&PathBuf> = std::iter::once(&file).chain(&data).collect();
     let _claims = paths
         .iter()
@@ -125,21 +116,20 @@ pub fn apply(req: &ApplyRequest, out: &mut dyn Write) -> Result<bulk::Summary> {
     let model = Arc::new(model);
     let tree = Tree::build_limited(model.clone(), req.max_nodes)?;
     let entries = entries_of(&tree, &model, &named)?;
-    let (plan, summary) =
-        bulk::plan(&model, &entries, source).map_err(|e| e.context(req.update.display()))?;
+    let (plan, summary) = bulk::plan(&model, &entries, source)
+        .and_then(|(plan, summary)| Ok((edit::identity::separate(&model, plan)?, summary)))
+        .map_err(|e| e.context(req.update.display()))?;
     if !req.dry_run {
-        if let edit::Plan::InPlace { writes } = &plan {
-            for (l, _) in writes {
-                let f = &model.files[l.file];
-                if !f.writable {
-                    return Err(Error::new(
-                        libc::EACCES,
-                        format!(
-                            "{}: not writable by this user, so nothing was written",
-                            f.path.display()
-                        ),
-                    ));
-                }
+        for f in plan.files() {
+            let f = &model.files[f];
+            if !f.writable {
+                return Err(Error::new(
+                    libc::EACCES,
+                    format!(
+                        "{}: not writable by this user, so nothing was written",
+                        f.path.display()
+                    ),
+                ));
             }
         }
         edit::commit_plan(&model, plan, || ())?;

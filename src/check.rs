@@ -1,9 +1,19 @@
 //! Deep validation (`ptefs check`): every byte range, index and required field the ExecuTorch
-//! runtime relies on (FORMAT.md §6, §9.4). Each defect is one line naming its place, what was
-//! expected and what was found.
+//! runtime relies on (FORMAT.md §6, §9.4), and the data the program needs from `.ptd` files
+//! (EXTERNAL tensors, named data that delegate payloads read). Each defect is one line naming
+//! its place, what was expected and what was found.
+//!
+//! Invariants: `defects` reads only the files at hand; `data_beside` alone looks at other
+//! files (the `.ptd` files in the model's directory), only to name them, never to attach
+//! them, and opens them without following links or blocking.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
+use std::ffi::{CString, OsStr, OsString};
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 
 use crate::backend::{self, xnnpack, BackendView, NotDecoded};
 use crate::format::generated::pte_fb;
@@ -64,14 +74,12 @@ pub fn defects(model: &Model) -> Vec<String> {
     out
 }
 
-/// Delegate payloads a decoder cannot read, and references from a decoded payload that do
-/// not resolve: a named key missing from every file at hand, or bytes whose size disagrees
-/// with the value's datatype and dims. The runtime fails to load such a method.
-fn delegate_defects(model: &Model) -> Vec<String> {
+/// Calls `f` with the place, backend id and payload of every delegate whose payload is
+/// where the layout says.
+fn each_payload(model: &Model, mut f: impl FnMut(&str, &str, &[u8])) {
     let (Some(pte), Some(layout)) = (model.pte(), &model.pte_layout) else {
-        return Vec::new();
+        return;
     };
-    let mut out = Vec::new();
     let plans = pte.program.execution_plan.as_deref().unwrap_or_default();
     for (p, plan) in plans.iter().enumerate() {
         let name = plan.name.as_deref().unwrap_or("");
@@ -81,18 +89,29 @@ fn delegate_defects(model: &Model) -> Vec<String> {
             };
             let id = d.id.as_deref().unwrap_or("");
             let place = format!("plan {p} (\"{name}\") delegate {j} ({id})");
-            let payload = &model.files[loc.file].bytes()[loc.range.as_usize()];
-            match backend::decode_payload(id, payload) {
-                Err(NotDecoded::NoDecoder) => {}
-                Err(NotDecoded::Invalid(e)) => {
-                    out.push(format!("{place}: the payload does not decode: {e}"))
-                }
-                Ok(BackendView::Xnnpack(graph)) => {
-                    xnnpack_references(model, &place, &graph, &mut out)
-                }
-            }
+            f(
+                &place,
+                id,
+                &model.files[loc.file].bytes()[loc.range.as_usize()],
+            );
         }
     }
+}
+
+/// Delegate payloads a decoder cannot read, and references from a decoded payload that do
+/// not resolve: a named key missing from every file at hand, or bytes whose size disagrees
+/// with the value's datatype and dims. The runtime fails to load such a method.
+fn delegate_defects(model: &Model) -> Vec<String> {
+    let mut out = Vec::new();
+    each_payload(model, |place, id, payload| {
+        match backend::decode_payload(id, payload) {
+            Err(NotDecoded::NoDecoder) => {}
+            Err(NotDecoded::Invalid(e)) => {
+                out.push(format!("{place}: the payload does not decode: {e}"))
+            }
+            Ok(BackendView::Xnnpack(graph)) => xnnpack_references(model, place, &graph, &mut out),
+        }
+    });
     out
 }
 
@@ -156,7 +175,7 @@ fn xnnpack_references(
 }
 
 /// EXTERNAL tensors of a program mounted without any data file: the runtime cannot load
-/// the method. One line per plan, naming a `.ptd` beside the model that holds the keys.
+/// the method. One line per plan (`data_beside` names files that hold the keys).
 fn unattached_external(model: &Model) -> Vec<String> {
     let (Some(pte), Some(layout)) = (model.pte(), &model.pte_layout) else {
         return Vec::new();
@@ -166,7 +185,6 @@ fn unattached_external(model: &Model) -> Vec<String> {
     }
     let mut out = Vec::new();
     let plans = pte.program.execution_plan.as_deref().unwrap_or_default();
-    let mut all_keys = Vec::new();
     for (p, plan) in layout.plans.iter().enumerate() {
         let keys: Vec<&str> = plan
             .tensors
@@ -188,17 +206,6 @@ fn unattached_external(model: &Model) -> Vec<String> {
             keys[0],
             if keys.len() > 1 { ", …" } else { "" }
         ));
-        all_keys.extend(keys);
-    }
-    if all_keys.is_empty() {
-        return out;
-    }
-    if let Some(found) = data_file_beside(model, &all_keys) {
-        out.push(format!(
-            "{} sits beside the model and holds these keys: attach it with --data {}",
-            found.display(),
-            found.display()
-        ));
     }
     out
 }
@@ -214,33 +221,149 @@ fn external_key(plan: &pte_fb::ExecutionPlanT, i: usize) -> Option<&str> {
         .as_deref()
 }
 
-/// A `.ptd` in the model's directory that has every key of `keys` (a few are looked at).
-fn data_file_beside(model: &Model, keys: &[&str]) -> Option<PathBuf> {
-    const LOOKED_AT: usize = 16;
-    let dir = model.files[0].path.parent()?;
-    let mut candidates: Vec<PathBuf> = std::fs::read_dir(dir)
+/// Keys the program reads from data files that no file at hand has: the names of EXTERNAL
+/// tensors not found, then the named data decoded delegate payloads read, each once, in
+/// program order.
+pub fn missing_keys(model: &Model) -> Vec<String> {
+    let (Some(pte), Some(layout)) = (model.pte(), &model.pte_layout) else {
+        return Vec::new();
+    };
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    let mut add = |key: &str| {
+        if seen.insert(key.to_string()) {
+            out.push(key.to_string());
+        }
+    };
+    let plans = pte.program.execution_plan.as_deref().unwrap_or_default();
+    for (p, plan) in layout.plans.iter().enumerate() {
+        for (i, t) in plan.tensors.iter().enumerate() {
+            let unresolved = t
+                .as_ref()
+                .is_some_and(|t| t.kind == DataKind::External && t.key.is_none());
+            let key = plans.get(p).and_then(|plan| external_key(plan, i));
+            if let (true, Some(key)) = (unresolved, key) {
+                add(key);
+            }
+        }
+    }
+    each_payload(model, |_, id, payload| {
+        if let Ok(BackendView::Xnnpack(graph)) = backend::decode_payload(id, payload) {
+            for u in graph.named_uses() {
+                if model.named_blob(u.key).is_none() {
+                    add(u.key);
+                }
+            }
+        }
+    });
+    out
+}
+
+/// At most this many `.ptd` files beside a model are opened to look for missing keys.
+const BESIDE_LOOKED_AT: usize = 16;
+
+/// The `.ptd` files in the model's directory that hold keys the program lacks
+/// (`missing_keys`), as advice naming the `--data` options to use; `None` when nothing is
+/// missing or no file there has any of it.
+///
+/// They are only named, never attached: a root daemon must not serve, and commit into,
+/// files beside the model that the user did not name. Only regular files of the model's
+/// owner that others cannot write are considered (a file planted by another user in a
+/// shared directory is not recommended), opened relative to the model's directory without
+/// following links and without blocking (a FIFO cannot hang the caller). Files whose name
+/// starts with the model's stem (`model.ptd`, `model.lora.ptd`) are looked at first, then
+/// the others by name, at most `BESIDE_LOOKED_AT` of them; a file is named when it has a key
+/// that the files named before it lack.
+pub fn data_beside(model: &Model) -> Option<String> {
+    let missing = missing_keys(model);
+    if missing.is_empty() {
+        return None;
+    }
+    let main = &model.files[0];
+    let dir = main.dir.as_ref()?;
+    let dir_path = main.path.parent()?;
+    let owner = main.file.as_ref()?.metadata().ok()?.uid();
+    let prefix = format!("{}.", main.path.file_stem()?.to_string_lossy());
+    let attached: HashSet<(u64, u64)> = model.files.iter().filter_map(|f| f.identity).collect();
+    let mut names: Vec<OsString> = std::fs::read_dir(dir_path)
         .ok()?
         .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "ptd"))
+        .map(|e| e.file_name())
+        .filter(|n| n.as_bytes().ends_with(b".ptd"))
         .collect();
-    candidates.sort();
-    candidates.into_iter().take(LOOKED_AT).find(|p| {
-        let Ok(f) = ModelFile::open(p) else {
-            return false;
+    names.sort_by_key(|n| (!n.as_bytes().starts_with(prefix.as_bytes()), n.clone()));
+    let mut remaining: HashSet<&str> = missing.iter().map(String::as_str).collect();
+    let mut chosen = Vec::new();
+    for name in names.iter().take(BESIDE_LOOKED_AT) {
+        if remaining.is_empty() {
+            break;
+        }
+        let Some(file) = open_beside(dir, dir_path, name, owner) else {
+            continue;
         };
-        let Kind::Ptd(ptd) = &f.kind else {
-            return false;
+        if file.identity.is_some_and(|id| attached.contains(&id)) {
+            continue;
+        }
+        let Kind::Ptd(ptd) = &file.kind else {
+            continue;
         };
-        let have: HashSet<&str> = ptd
-            .flat_tensor
-            .named_data
+        let before = remaining.len();
+        for key in ptd.flat_tensor.named_data.iter().flatten() {
+            if let Some(k) = key.key.as_deref() {
+                remaining.remove(k);
+            }
+        }
+        if remaining.len() < before {
+            chosen.push(file.path.display().to_string());
+        }
+    }
+    if chosen.is_empty() {
+        return None;
+    }
+    let options: Vec<String> = chosen.iter().map(|p| format!("--data {p}")).collect();
+    let (files, verb, them) = match chosen.as_slice() {
+        [one] => (one.clone(), "sits", "it"),
+        [init @ .., last] => (format!("{} and {last}", init.join(", ")), "sit", "them"),
+        [] => unreachable!("checked above"),
+    };
+    let found = missing.len() - remaining.len();
+    let what = if remaining.is_empty() {
+        format!("the {found} missing key(s)")
+    } else {
+        let example = missing
             .iter()
-            .flatten()
-            .filter_map(|n| n.key.as_deref())
-            .collect();
-        keys.iter().all(|k| have.contains(k))
-    })
+            .find(|k| remaining.contains(k.as_str()))
+            .expect("a key remains");
+        format!(
+            "{found} of the {} missing keys (no .ptd beside it has the other {}, such as \"{example}\")",
+            missing.len(),
+            remaining.len()
+        )
+    };
+    Some(format!(
+        "{files} {verb} beside the model and {} {what}: attach {them} with {}",
+        if chosen.len() == 1 { "has" } else { "have" },
+        options.join(" ")
+    ))
+}
+
+/// `name` in `dir` (known as `dir_path`), parsed, if it is a regular file of `owner` that
+/// others cannot write; opened without following a link and without blocking.
+fn open_beside(dir: &File, dir_path: &Path, name: &OsStr, owner: u32) -> Option<ModelFile> {
+    let c = CString::new(name.as_bytes()).ok()?;
+    let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
+    // SAFETY: a valid directory descriptor and C string.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a descriptor just opened and owned here alone.
+    let file = unsafe { File::from_raw_fd(fd) };
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() || meta.uid() != owner || meta.mode() & 0o002 != 0 {
+        return None;
+    }
+    ModelFile::from_file(dir_path.join(name), file, None, false).ok()
 }
 
 fn check_program(p: &pte_fb::ProgramT, out: &mut Vec<String>) {

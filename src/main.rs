@@ -1,10 +1,17 @@
 //! The `ptefs` command line: each subcommand parses its arguments and calls the library.
+//! Shell completions and the man pages are generated from these same definitions
+//! (`ptefs completions`, `ptefs man`), so they cannot drift from the parser.
+//!
+//! Commands that write what they find to standard output (`ls`, `cat`, `info`, `check`,
+//! `recover`, `completions`, `man`) end quietly on a closed pipe, as `cat` does (`ptefs ls
+//! … | head`): SIGPIPE ends them. `mount`, `umount` and `apply` keep ignoring it, so a
+//! closed pipe never interrupts a daemon or a commit.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use ptefs::apply::{apply, ApplyRequest};
 use ptefs::daemon::{self, MountRequest};
@@ -107,13 +114,33 @@ enum Command {
         #[arg(long, value_name = "N", help = MAX_NODES_HELP, default_value_t = DEFAULT_MAX_NODES, hide_default_value = true)]
         max_nodes: u64,
     },
-    /// Deep validation: exit 0 when sound, else each defect on its own line.
+    /// Deep validation: exit 0 when sound, else each defect on its own line (and the .ptd
+    /// files beside the model that hold keys it lacks).
     Check {
         file: PathBuf,
         #[arg(long = "data", value_name = "PTD")]
         data: Vec<PathBuf>,
         #[arg(long, value_name = "N", help = MAX_NODES_HELP, default_value_t = DEFAULT_MAX_NODES, hide_default_value = true)]
         max_nodes: u64,
+    },
+    /// Finish or discard the commit a crash interrupted, without FUSE: a whole journal is
+    /// replayed, a torn one discarded (saying why), any other refused and left in place.
+    /// Refused while the file is mounted.
+    Recover {
+        file: PathBuf,
+        /// Also recover this .ptd (repeatable).
+        #[arg(long = "data", value_name = "PTD")]
+        data: Vec<PathBuf>,
+    },
+    /// Print a completion script for SHELL (bash, zsh, fish, elvish, powershell).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page of ptefs, or of one of its commands, in roff (`ptefs man | man -l -`).
+    Man {
+        /// The command whose page to print (ptefs-mount(1), …); the overview without it.
+        command: Option<String>,
     },
 }
 
@@ -129,8 +156,41 @@ fn exit_code(result: ptefs::error::Result<()>) -> ExitCode {
     }
 }
 
+/// SIGPIPE ends the process, without a message, as it ends `cat`.
+fn die_on_closed_pipe() {
+    // SAFETY: restores the default disposition before any thread exists.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
+
+/// The roff man page of `ptefs` (`None`) or of `ptefs <command>`.
+fn man_page(command: Option<&str>, out: &mut dyn Write) -> Result<(), String> {
+    let top = Cli::command();
+    let cmd = match command {
+        None => top,
+        Some(name) => {
+            let names: Vec<&str> = top.get_subcommands().map(|c| c.get_name()).collect();
+            let sub = top.find_subcommand(name).ok_or_else(|| {
+                format!("no command {name:?}: expected one of {}", names.join(", "))
+            })?;
+            sub.clone()
+                .name(format!("ptefs-{name}"))
+                .bin_name(format!("ptefs {name}"))
+                .version(env!("CARGO_PKG_VERSION"))
+        }
+    };
+    clap_mangen::Man::new(cmd)
+        .render(out)
+        .map_err(|e| format!("standard output: {e}"))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(
+        cli.command,
+        Command::Mount(_) | Command::Umount { .. } | Command::Apply { .. }
+    ) {
+        die_on_closed_pipe();
+    }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match cli.command {
@@ -195,18 +255,31 @@ fn main() -> ExitCode {
             data,
             max_nodes,
         } => {
-            let defects = offline::check_limited(&file, &data, max_nodes);
-            if defects.is_empty() {
+            let report = offline::check_report(&file, &data, max_nodes);
+            for line in report.defects.iter().chain(&report.advice) {
+                let _ = writeln!(out, "{line}");
+            }
+            if report.defects.is_empty() {
                 let _ = writeln!(out, "{}: ok", file.display());
                 ExitCode::SUCCESS
             } else {
-                for d in &defects {
-                    let _ = writeln!(out, "{d}");
-                }
                 let _ = out.flush();
-                fail(format!("{}: {} defect(s)", file.display(), defects.len()))
+                fail(format!(
+                    "{}: {} defect(s)",
+                    file.display(),
+                    report.defects.len()
+                ))
             }
         }
+        Command::Recover { file, data } => exit_code(daemon::recover(&file, &data, &mut out)),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "ptefs", &mut out);
+            ExitCode::SUCCESS
+        }
+        Command::Man { command } => match man_page(command.as_deref(), &mut out) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(e),
+        },
     }
 }
 

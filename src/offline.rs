@@ -1,15 +1,16 @@
 //! The commands that work without FUSE (`ls`, `cat`, `info`, `check`), on the same core as
 //! the mount: they walk the same `Tree` and read through the same `fs::Fs`.
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub mod info;
+
+pub use info::info;
+
 use crate::error::{Error, Result};
-use crate::format::generated::pte_fb;
-use crate::format::layout::DataKind;
-use crate::format::{scalar_type, Kind, Model};
+use crate::format::Model;
 use crate::fs::{Attr, FileType, Fs, Options};
 use crate::tree::names::{Names, Part, NAME_MAX};
 use crate::tree::{Ino, Tree, DEFAULT_MAX_NODES};
@@ -126,154 +127,6 @@ pub fn cat(fs: &Fs, path: &str, out: &mut dyn Write) -> Result<()> {
     out.flush().map_err(output)
 }
 
-fn human(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {} ({n} B)", UNITS[u])
-    }
-}
-
-/// A one-screen summary of the file.
-pub fn info(fs: &Fs, out: &mut dyn Write) -> Result<()> {
-    let tree = fs.tree();
-    let model = &tree.model;
-    let mut s = String::new();
-    let main = &model.files[0];
-    s.push_str(&format!("file: {}\n", main.path.display()));
-    s.push_str(&format!("size: {}\n", human(main.bytes().len() as u64)));
-    match &main.kind {
-        Kind::Pte(pte) => {
-            let layout = model.pte_layout.as_ref().expect("resolved");
-            s.push_str("kind: .pte program (ET12)\n");
-            match pte.header.extended {
-                Some(e) => s.push_str(&format!(
-                    "header: eh00 length {}, program_size {}, segment_base_offset {}, segment_data_size {}\n",
-                    e.length,
-                    e.program_size,
-                    e.segment_base_offset,
-                    e.segment_data_size.map_or("absent".to_string(), |n| n.to_string())
-                )),
-                None => s.push_str("header: no eh00 extended header (bare flatbuffer)\n"),
-            }
-            let plans = pte.program.execution_plan.as_deref().unwrap_or_default();
-            s.push_str(&format!("plans: {}\n", plans.len()));
-            let mut by_dtype: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-            let mut counted = std::collections::HashSet::new();
-            for (p, plan) in plans.iter().enumerate() {
-                let values = plan.values.as_deref().unwrap_or_default();
-                let tensors = layout.plans[p].tensors.iter().flatten();
-                let (mut n, mut consts, mut muts, mut ext) = (0, 0, 0, 0);
-                for t in tensors {
-                    n += 1;
-                    match t.kind {
-                        DataKind::Constant => consts += 1,
-                        DataKind::Mutable => muts += 1,
-                        DataKind::External => ext += 1,
-                        DataKind::None => {}
-                    }
-                    if let (Some(loc), Some(nb)) = (t.location, t.nbytes) {
-                        let e = by_dtype
-                            .entry(scalar_type::display(t.shape.scalar_type))
-                            .or_default();
-                        e.0 += 1;
-                        if counted.insert(loc) {
-                            e.1 += nb;
-                        }
-                    }
-                }
-                let instructions: usize = plan
-                    .chains
-                    .iter()
-                    .flatten()
-                    .map(|c| c.instructions.as_ref().map_or(0, Vec::len))
-                    .sum();
-                s.push_str(&format!(
-                    "  {}: {} values, {n} tensors ({consts} constant, {muts} with initial state, {ext} external), {} operators, {instructions} instructions, {} delegates\n",
-                    plan.name.as_deref().unwrap_or(""),
-                    values.len(),
-                    plan.operators.as_ref().map_or(0, Vec::len),
-                    plan.delegates.as_ref().map_or(0, Vec::len),
-                ));
-                for d in plan.delegates.iter().flatten() {
-                    let loc = d.processed.as_ref().map(|r| {
-                        if r.location == pte_fb::DataLocation::SEGMENT {
-                            format!("segment {}", r.index)
-                        } else {
-                            format!("inline {}", r.index)
-                        }
-                    });
-                    s.push_str(&format!(
-                        "    delegate {} ({})\n",
-                        d.id.as_deref().unwrap_or(""),
-                        loc.unwrap_or_default()
-                    ));
-                }
-            }
-            s.push_str("tensor bytes by dtype (tensors, distinct bytes):\n");
-            for (dtype, (n, bytes)) in &by_dtype {
-                s.push_str(&format!("  {dtype:<14} {n:>6}  {}\n", human(*bytes)));
-            }
-            s.push_str(&format!("segments: {}\n", pte.segments.len()));
-            for (i, r) in pte.segments.iter().enumerate() {
-                s.push_str(&format!(
-                    "  {i}: {} at file offset {}\n",
-                    human(r.len()),
-                    r.start()
-                ));
-            }
-            s.push_str(&format!("named data: {}\n", layout.named_data.len()));
-        }
-        Kind::Ptd(ptd) => {
-            s.push_str("kind: .ptd data file (FT01)\n");
-            let h = &ptd.header;
-            s.push_str(&format!(
-                "header: FH01 length {}, flatbuffer {}+{}, segment_base_offset {}, segment_data_size {}\n",
-                h.length, h.flatbuffer_offset, h.flatbuffer_size, h.segment_base_offset, h.segment_data_size
-            ));
-            let blobs = model.ptd_blobs[0].as_deref().unwrap_or_default();
-            let tensors = blobs.iter().filter(|b| b.tensor.is_some()).count();
-            s.push_str(&format!(
-                "named data: {} ({tensors} tensors, {} opaque blobs)\n",
-                blobs.len(),
-                blobs.len() - tensors
-            ));
-            let mut by_dtype: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-            for b in blobs {
-                let dtype = b.tensor.as_ref().map_or("(blob)".to_string(), |t| {
-                    scalar_type::display(t.scalar_type)
-                });
-                let e = by_dtype.entry(dtype).or_default();
-                e.0 += 1;
-                e.1 += b.location.as_ref().map_or(0, |l| l.range.len());
-            }
-            s.push_str("bytes by dtype (entries, bytes):\n");
-            for (dtype, (n, bytes)) in &by_dtype {
-                s.push_str(&format!("  {dtype:<14} {n:>6}  {}\n", human(*bytes)));
-            }
-            s.push_str(&format!("segments: {}\n", ptd.segments.len()));
-            for (i, r) in ptd.segments.iter().enumerate() {
-                s.push_str(&format!(
-                    "  {i}: {} at file offset {}\n",
-                    human(r.len()),
-                    r.start()
-                ));
-            }
-        }
-    }
-    for f in &model.files[1..] {
-        s.push_str(&format!("data file: {}\n", f.path.display()));
-    }
-    out.write_all(s.as_bytes()).map_err(output)
-}
-
 /// Every defect of the files, one a line; empty when the files are sound.
 pub fn check(file: &Path, data: &[PathBuf]) -> Vec<String> {
     check_limited(file, data, DEFAULT_MAX_NODES)
@@ -282,7 +135,26 @@ pub fn check(file: &Path, data: &[PathBuf]) -> Vec<String> {
 /// `check`, refusing (with one line saying so) files whose tree would have more than
 /// `max_nodes` nodes, as `ls`, `cat`, `info` and `mount` do.
 pub fn check_limited(file: &Path, data: &[PathBuf], max_nodes: u64) -> Vec<String> {
-    let mut out = interrupted_commits(file, data);
+    check_report(file, data, max_nodes).defects
+}
+
+/// What `ptefs check` found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckReport {
+    /// One a line; empty when the files are sound.
+    pub defects: Vec<String>,
+    /// How to fix some of them, one a line: `.ptd` files beside the model that hold keys
+    /// it lacks (`check::data_beside`).
+    pub advice: Vec<String>,
+}
+
+/// The defects of the files, and advice, as `check_limited` finds them.
+pub fn check_report(file: &Path, data: &[PathBuf], max_nodes: u64) -> CheckReport {
+    let mut report = CheckReport {
+        defects: interrupted_commits(file, data),
+        advice: Vec::new(),
+    };
+    let out = &mut report.defects;
     match Model::open(file, data) {
         Err(e) => out.push(e.to_string()),
         Ok(model) => {
@@ -292,25 +164,28 @@ pub fn check_limited(file: &Path, data: &[PathBuf], max_nodes: u64) -> Vec<Strin
                 out.push(refusal.to_string());
             } else {
                 out.extend(crate::check::defects(&model));
-                shortened_names(&model, &mut out);
+                shortened_names(&model, out);
+                report.advice.extend(crate::check::data_beside(&model));
             }
         }
     }
-    out
+    report
 }
 
 /// Journals left by commits that a crash interrupted: the file may hold a partly written
-/// range until a mount replays them.
+/// range until `ptefs recover` (or a mount) replays them.
 pub fn interrupted_commits(file: &Path, data: &[PathBuf]) -> Vec<String> {
     std::iter::once(file)
         .chain(data.iter().map(PathBuf::as_path))
-        .map(crate::edit::journal::journal_path)
-        .filter(|j| std::fs::symlink_metadata(j).is_ok())
-        .map(|j| {
-            format!(
-                "{}: an interrupted commit left this journal; mount the file once to finish or discard it",
-                j.display()
-            )
+        .filter_map(|f| {
+            let j = crate::edit::journal::journal_path(f);
+            std::fs::symlink_metadata(&j).ok()?;
+            Some(format!(
+                "{}: an interrupted commit left this journal, so {} may hold partly written bytes: run `ptefs recover {}` (or mount the file once) to finish or discard it",
+                j.display(),
+                f.display(),
+                f.display()
+            ))
         })
         .collect()
 }

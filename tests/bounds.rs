@@ -779,3 +779,90 @@ fn a_long_key_lists_and_reads_through_a_mount() {
         "{stdout}"
     );
 }
+
+/// A plan whose lists are huge and hostile: 3,000 inputs naming one tensor of 100,000
+/// dimensions, indices out of range, an IntList whose items are not all Ints, and 40 plans.
+/// `plan.json` describes 256 inputs with the long tensor's dimensions left out (written 256
+/// times they would be 77 MB), and `info` stays one screen.
+#[test]
+fn signatures_and_info_of_huge_plans_stay_bounded() {
+    let long = mk!(pte_fb::EValueT {
+        val: pte_fb::KernelTypesT::Tensor(Box::new(mk!(pte_fb::TensorT {
+            scalar_type: pte_fb::ScalarType::FLOAT,
+            sizes: Some(vec![1; 100_000]),
+            dim_order: Some(vec![]),
+        }))),
+    });
+    let int = mk!(pte_fb::EValueT {
+        val: pte_fb::KernelTypesT::Int(Box::new(mk!(pte_fb::IntT { int_val: 7 }))),
+    });
+    let list = mk!(pte_fb::EValueT {
+        val: pte_fb::KernelTypesT::IntList(Box::new(mk!(pte_fb::IntListT {
+            items: Some(vec![1, 0, 99_999_999, -1]),
+        }))),
+    });
+    let mut forward = plan("forward", vec![long, int, list]);
+    let mut inputs = vec![5_000_000, -3, 1];
+    inputs.extend(std::iter::repeat_n(0, 3000));
+    forward.inputs = Some(inputs);
+    forward.outputs = Some(vec![1]);
+    let mut plans = vec![forward];
+    plans.extend((0..39).map(|i| plan(&format!("m{i}"), vec![])));
+    let program = mk!(pte_fb::ProgramT {
+        execution_plan: Some(plans),
+        constant_buffer: Some(vec![]),
+        backend_delegate_data: Some(vec![]),
+        segments: Some(vec![]),
+        named_data: Some(vec![]),
+        mutable_data_segments: Some(vec![]),
+    });
+    let (bytes, _) = pte_program_region(&pack_program(&program, 16), 16, 0, 0, true);
+    let fs = fs_of(bytes);
+
+    let (len, j) = json_at(&fs, "plans/forward/plan.json");
+    assert!(len < 128 << 10, "plan.json is {len} bytes");
+    let sig = &j["signature"];
+    assert_eq!(sig["inputs"].as_array().unwrap().len(), 256);
+    assert_eq!(sig["inputs_total"], 3003);
+    assert_eq!(sig["inputs"][0]["type"], Value::Null);
+    let defect = sig["inputs"][0]["defect"].as_str().unwrap();
+    assert!(defect.contains("5000000 out of range"), "{defect}");
+    assert!(sig["inputs"][1]["defect"].as_str().unwrap().contains("-3"));
+    assert_eq!(
+        sig["inputs"][2],
+        json!({"index": 1, "type": "Int", "value": 7})
+    );
+    let t = &sig["inputs"][3];
+    assert_eq!((&t["type"], &t["sizes"]), (&json!("Tensor"), &Value::Null));
+    assert!(
+        t["defect"].as_str().unwrap().contains("100000 dimensions"),
+        "{t}"
+    );
+    assert_eq!(
+        sig["outputs"],
+        json!([{"index": 1, "type": "Int", "value": 7}])
+    );
+
+    let (_, l) = json_at(&fs, "plans/forward/values/2.json");
+    assert_eq!(l["items"], json!([1, 0, 99_999_999, -1]));
+    assert_eq!(l["values"], json!([7, null, null, null]));
+
+    let mut out = Vec::new();
+    ptefs::offline::info(&fs, &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.lines().count() <= 40, "{text}");
+    assert!(text.len() < 8 << 10, "{text}");
+    for line in [
+        "    input 0: %5000000 (value index 5000000 out of range (expected 0 to 2, the plan's values))",
+        "    input 2: %1 Int 7",
+        "    … 2995 more inputs (plan.json describes 256)",
+        "  … 24 more plans (ptefs ls FILE plans)",
+    ] {
+        assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+    }
+    let input3 = text
+        .lines()
+        .find(|l| l.starts_with("    input 3:"))
+        .unwrap();
+    assert!(input3.contains("100000 dimensions"), "{input3}");
+}

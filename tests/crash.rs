@@ -6,8 +6,7 @@
 //! journal.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ptefs::format::generated::{flat_tensor, ptd_fb, pte_fb};
 use ptefs::format::writer::{
@@ -16,8 +15,8 @@ use ptefs::format::writer::{
 
 mod common;
 
-const BIN: &str = env!("CARGO_BIN_EXE_ptefs");
 const SIDE: i32 = 1024; // the tensor is FLOAT[1024, 1024]: 4 MiB
+const WEIGHT: &str = "plans/forward/values/0.bin";
 
 /// `linear.pte` with its weight grown to FLOAT[SIDE, SIDE], filled with `fill`.
 fn big_model(path: &Path, fill: u8) -> (u64, u64) {
@@ -45,27 +44,46 @@ fn big_model(path: &Path, fill: u8) -> (u64, u64) {
     (base, nbytes)
 }
 
-fn mount(model: &Path, mnt: &Path) -> Child {
-    let child = Command::new(BIN)
-        .arg("mount")
-        .arg("--foreground")
-        .arg(model)
-        .arg(mnt)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !mnt.join("header.json").exists() {
-        assert!(Instant::now() < deadline, "mount did not come up");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    child
-}
-
 /// Whether `range` of the file is entirely `a` or entirely `b`.
 fn uniform(bytes: &[u8], fill: u8) -> bool {
     bytes.iter().all(|&x| x == fill)
+}
+
+/// Mounts `model`, writes `data` to `path` of the mount from another thread, SIGKILLs the
+/// daemon after `delay` and unmounts; returns the model file's bytes after the kill.
+fn kill_during_write(
+    model: &Path, mnt: &Path, path: &str, data: Vec<u8>, delay: Duration,
+) -> Vec<u8> {
+    let mut child = common::mount::mount_foreground(model, mnt);
+    let target = mnt.join(path);
+    let writer = std::thread::spawn(move || {
+        // Errors are expected: the daemon dies under the writer.
+        let _ = std::fs::write(&target, &data);
+    });
+    std::thread::sleep(delay);
+    // SAFETY: a signal to the daemon this test started.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGKILL);
+    }
+    let _ = child.wait();
+    common::force_unmount(mnt);
+    writer.join().unwrap();
+    std::fs::read(model).unwrap()
+}
+
+/// Mounts `model` again, which replays a whole journal and discards a torn one, and reads
+/// `path` through it; returns what the mount showed and the model file's bytes after.
+fn remount_and_read(model: &Path, mnt: &Path, path: &str, round: usize) -> (Vec<u8>, Vec<u8>) {
+    let mut child = common::mount::mount_foreground(model, mnt);
+    let seen = std::fs::read(mnt.join(path)).unwrap();
+    common::force_unmount(mnt);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        !ptefs::edit::journal::journal_path(model).exists(),
+        "round {round}: journal survived the remount"
+    );
+    (seen, std::fs::read(model).unwrap())
 }
 
 #[test]
@@ -86,22 +104,8 @@ fn sigkill_during_commits_leaves_old_or_new() {
     let (mut saw_old, mut saw_new, mut saw_journal) = (0, 0, 0);
     for round in 0..40 {
         let next = if current == 0x11 { 0x22 } else { 0x11 };
-        let mut child = mount(&model, &mnt);
-        let target = mnt.join("plans/forward/values/0.bin");
-        let writer = std::thread::spawn(move || {
-            let data = vec![next; nbytes as usize];
-            // Errors are expected: the daemon dies under the writer.
-            let _ = std::fs::write(&target, &data);
-        });
-        std::thread::sleep(Duration::from_micros(rng.below(60_000)));
-        unsafe {
-            libc::kill(child.id() as i32, libc::SIGKILL);
-        }
-        let _ = child.wait();
-        common::force_unmount(&mnt);
-        writer.join().unwrap();
-
-        let after = std::fs::read(&model).unwrap();
+        let delay = Duration::from_micros(rng.below(60_000));
+        let after = kill_during_write(&model, &mnt, WEIGHT, vec![next; nbytes as usize], delay);
         assert_eq!(after.len(), pristine.len(), "round {round}: size changed");
         assert_eq!(
             &after[..range.start],
@@ -124,17 +128,7 @@ fn sigkill_during_commits_leaves_old_or_new() {
             );
         }
 
-        // The remount replays a whole journal and discards a torn one.
-        let mut child = mount(&model, &mnt);
-        let seen = std::fs::read(mnt.join("plans/forward/values/0.bin")).unwrap();
-        common::force_unmount(&mnt);
-        let _ = child.kill();
-        let _ = child.wait();
-        let after = std::fs::read(&model).unwrap();
-        assert!(
-            !journal.exists(),
-            "round {round}: journal survived the remount"
-        );
+        let (seen, after) = remount_and_read(&model, &mnt, WEIGHT, round);
         let tensor = &after[range.clone()];
         assert_eq!(
             seen, tensor,
@@ -241,22 +235,9 @@ fn sigkill_during_bulk_commits_leaves_all_old_or_all_new() {
     let (mut saw_old, mut saw_new, mut saw_journal) = (0, 0, 0);
     for round in 0..30 {
         let next = if current == 0x11 { 0x22 } else { 0x11 };
-        let mut child = mount(&model, &mnt);
-        let target = mnt.join("weights.safetensors");
-        let writer = std::thread::spawn(move || {
-            // Errors are expected: the daemon dies under the writer.
-            let _ = std::fs::write(&target, bulk_update(next));
-        });
-        std::thread::sleep(Duration::from_micros(rng.below(80_000)));
-        // SAFETY: a signal to the daemon this test started.
-        unsafe {
-            libc::kill(child.id() as i32, libc::SIGKILL);
-        }
-        let _ = child.wait();
-        common::force_unmount(&mnt);
-        writer.join().unwrap();
-
-        let after = std::fs::read(&model).unwrap();
+        let delay = Duration::from_micros(rng.below(80_000));
+        let weights = "weights.safetensors";
+        let after = kill_during_write(&model, &mnt, weights, bulk_update(next), delay);
         assert_eq!(after.len(), pristine.len(), "round {round}: size changed");
         assert_eq!(
             &after[..base],
@@ -273,17 +254,8 @@ fn sigkill_during_bulk_commits_leaves_all_old_or_all_new() {
             );
         }
 
-        // The remount replays a whole journal and discards a torn one.
-        let mut child = mount(&model, &mnt);
-        let seen = std::fs::read(mnt.join("named_data/layer07.weight.bin")).unwrap();
-        common::force_unmount(&mnt);
-        let _ = child.kill();
-        let _ = child.wait();
-        let after = std::fs::read(&model).unwrap();
-        assert!(
-            !journal.exists(),
-            "round {round}: journal survived the remount"
-        );
+        let layer = "named_data/layer07.weight.bin";
+        let (seen, after) = remount_and_read(&model, &mnt, layer, round);
         let state = bulk_state(&after, base);
         assert_eq!(
             seen,

@@ -269,7 +269,9 @@ fn links_planted_beside_the_model_are_never_written_through() {
         libc::major(dev),
         libc::minor(dev)
     );
-    let pid = std::fs::read_to_string(&lock).unwrap().trim().to_string();
+    // The lock records the pid, the mountpoint and the model, each ended by a NUL.
+    let record = std::fs::read_to_string(&lock).unwrap();
+    let pid = record.split('\0').next().unwrap().to_string();
     let planted = m
         .dir
         .path()

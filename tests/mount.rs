@@ -95,24 +95,18 @@ fn walk(root: &Path) -> Vec<(String, std::fs::Metadata)> {
     out
 }
 
-/// File names DESIGN.md §2.6 gives plan names and keys.
+/// File names DESIGN.md §2.6 gives plan names and keys: `%` (first, so that the escapes
+/// that follow stay as they are), `/` and NUL percent-encoded, `.` and `..` spelled out.
 fn encode(name: &str) -> String {
     match name {
-        "." => return "%2E".into(),
-        ".." => return "%2E%2E".into(),
-        "" => return "%".into(),
-        _ => {}
+        "." => "%2E".into(),
+        ".." => "%2E%2E".into(),
+        "" => "%".into(),
+        _ => name
+            .replace('%', "%25")
+            .replace('/', "%2F")
+            .replace('\0', "%00"),
     }
-    let mut out = String::new();
-    for c in name.chars() {
-        match c {
-            '/' => out.push_str("%2F"),
-            '%' => out.push_str("%25"),
-            '\0' => out.push_str("%00"),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 fn plan_dirs(manifest: &Value) -> Vec<String> {
@@ -337,6 +331,23 @@ fn paths_of(tree: &[String], pred: impl Fn(&str) -> bool) -> Vec<String> {
 fn for_fixtures(none: &str, mut test: impl FnMut(&Fixture) -> bool) {
     let tested = all_fixtures().iter().filter(|fx| test(fx)).count();
     assert!(tested > 0, "{none}");
+}
+
+/// `with_tensor_bin`, mounted; `None` where FUSE is missing and that is expected.
+fn mounted_with_tensor_bin() -> Option<(Fixture, String, Mount)> {
+    if fuse_missing() {
+        return None;
+    }
+    let (fx, target) = with_tensor_bin();
+    let m = Mount::new(&fx.file, &fx.data, &[]);
+    Some((fx, target, m))
+}
+
+/// The bytes of tensor file `f` of a mount in its model file, where its xattrs say they are.
+fn in_model(f: &Path) -> Vec<u8> {
+    let offset: usize = getxattr(f, "user.ptefs.offset").unwrap().parse().unwrap();
+    let len = std::fs::metadata(f).unwrap().len() as usize;
+    std::fs::read(getxattr(f, "user.ptefs.file").unwrap()).unwrap()[offset..offset + len].to_vec()
 }
 
 /// The first fixture with a tensor `.bin`, and that file's path.
@@ -696,10 +707,15 @@ fn cp_of_a_same_size_tensor_replaces_exactly_its_range() {
         let bins = paths_of(&fx.tree, |p| {
             writable(p, &exp) && p.ends_with(".bin") && p.contains("/values/")
         });
-        let Some(target) = bins.first() else {
+        if bins.is_empty() {
+            return false;
+        }
+        let m = Mount::new(&fx.file, &fx.data, &[]);
+        // A tensor sharing its bytes with a distinct tensor gets bytes of its own instead
+        // (tests/identity.rs).
+        let Some(target) = bins.iter().find(|p| !shares_with_distinct(&m.path(p))) else {
             return false;
         };
-        let m = Mount::new(&fx.file, &fx.data, &[]);
         let f = m.path(target);
         let len = std::fs::metadata(&f).unwrap().len() as usize;
         let offset: usize = getxattr(&f, "user.ptefs.offset").unwrap().parse().unwrap();
@@ -752,6 +768,11 @@ fn cp_of_a_same_size_tensor_replaces_exactly_its_range() {
     });
 }
 
+/// Whether a tree file's bytes are shared with a distinct tensor (`user.ptefs.shared`).
+fn shares_with_distinct(path: &Path) -> bool {
+    getxattr(path, "user.ptefs.shared").is_some_and(|s| s.contains("distinct:"))
+}
+
 #[test]
 fn numpy_save_onto_an_npy_commits_and_a_wrong_shape_is_einval() {
     if fuse_missing() {
@@ -762,7 +783,9 @@ fn numpy_save_onto_an_npy_commits_and_a_wrong_shape_is_einval() {
         let m = Mount::new(&fx.file, &fx.data, &[]);
         let Some(target) = npys.iter().find(|p| {
             let dtype = getxattr(&m.path(p), "user.ptefs.dtype");
-            dtype.as_deref() == Some("FLOAT") && std::fs::metadata(m.path(p)).unwrap().len() > 128
+            dtype.as_deref() == Some("FLOAT")
+                && std::fs::metadata(m.path(p)).unwrap().len() > 128
+                && !shares_with_distinct(&m.path(p))
         }) else {
             return false;
         };
@@ -819,10 +842,15 @@ fn wrong_size_writes_fail_at_close_with_einval_and_change_nothing() {
     }
     for_fixtures("no fixture has a tensor .bin", |fx| {
         let bins = paths_of(&fx.tree, |p| p.contains("/values/") && p.ends_with(".bin"));
-        let Some(target) = bins.first() else {
+        if bins.is_empty() {
+            return false;
+        }
+        let m = Mount::new(&fx.file, &fx.data, &[]);
+        // A tensor sharing its bytes with a distinct tensor gets bytes of its own instead
+        // (tests/identity.rs).
+        let Some(target) = bins.iter().find(|p| !shares_with_distinct(&m.path(p))) else {
             return false;
         };
-        let m = Mount::new(&fx.file, &fx.data, &[]);
         let f = m.path(target);
         let original = std::fs::read(&f).unwrap();
         let backing = PathBuf::from(getxattr(&f, "user.ptefs.file").unwrap());
@@ -865,11 +893,9 @@ fn wrong_size_writes_fail_at_close_with_einval_and_change_nothing() {
 
 #[test]
 fn read_only_files_are_eacces_and_the_tree_cannot_be_reshaped() {
-    if fuse_missing() {
+    let Some((fx, target, m)) = mounted_with_tensor_bin() else {
         return;
-    }
-    let (fx, target) = with_tensor_bin();
-    let m = Mount::new(&fx.file, &fx.data, &[]);
+    };
     let before = std::fs::read(&m.model).unwrap();
     let json = paths_of(&fx.tree, |p| p.ends_with(".json"));
     for p in json.iter().take(5) {
@@ -878,12 +904,16 @@ fn read_only_files_are_eacces_and_the_tree_cannot_be_reshaped() {
         assert_eq!(py_errno("open(sys.argv[1], 'r+b')", &[f]), "EACCES", "{p}");
         assert_eq!(py_errno("open(sys.argv[1], 'wb')", &[f]), "EACCES", "{p}");
     }
+    for p in json.iter().take(2) {
+        let f = m.path(p);
+        assert_eq!(
+            py_errno("os.unlink(sys.argv[1])", &[f.to_str().unwrap()]),
+            "EPERM"
+        );
+        assert!(f.exists());
+    }
     let f = m.path(&target);
     let fs = f.to_str().unwrap();
-    assert_eq!(py_errno("os.unlink(sys.argv[1])", &[fs]), "EPERM");
-    let rm = run(Command::new("rm").arg("-f").arg(&f));
-    assert!(!rm.status.success(), "rm of a tensor succeeded");
-    assert!(f.exists());
     let dir = f.parent().unwrap().to_str().unwrap().to_string();
     assert_eq!(py_errno("os.mkdir(sys.argv[1] + '/x')", &[&dir]), "EPERM");
     assert_eq!(py_errno("os.rmdir(sys.argv[1])", &[&dir]), "EPERM");
@@ -922,14 +952,93 @@ fn read_only_files_are_eacces_and_the_tree_cannot_be_reshaped() {
     assert_eq!(std::fs::read(&m.model).unwrap(), before);
 }
 
+/// `mv` from another filesystem, `install` and `cp --remove-destination` replace a file by
+/// unlinking it, then creating and writing it again: each replaces a writable file, checked
+/// like any write. An unlink alone (`rm`) deletes nothing: the name is back once the process
+/// that unlinked it has exited.
+#[test]
+fn mv_and_install_replace_a_writable_file_and_rm_deletes_nothing() {
+    let Some((_, target, m)) = mounted_with_tensor_bin() else {
+        return;
+    };
+    let f = m.path(&target);
+    let len = in_model(&f).len();
+    let model_file = || std::fs::read(getxattr(&f, "user.ptefs.file").unwrap()).unwrap();
+    // The temp dir holding the model is another filesystem than the mount.
+    let src = m.dir.path().join("new.bin");
+    let tools: [&[&str]; 4] = [
+        &["mv"],
+        &["install", "-m", "644"],
+        &["install", "-T", "-m", "644"],
+        &["cp", "--remove-destination"],
+    ];
+    for (round, tool) in tools.into_iter().enumerate() {
+        let new = pattern(len, 0x31 + round as u8);
+        std::fs::write(&src, &new).unwrap();
+        let out = run(Command::new(tool[0]).args(&tool[1..]).arg(&src).arg(&f));
+        assert!(out.status.success(), "{tool:?}: {}", text(&out.stderr));
+        assert_eq!(in_model(&f), new, "{tool:?}");
+        assert_eq!(std::fs::read(&f).unwrap(), new, "{tool:?}: read back");
+        assert_eq!(src.exists(), tool[0] != "mv", "{tool:?}: the source");
+    }
+    let committed = in_model(&f);
+    let whole = model_file();
+
+    // A replacement of the wrong size is refused at close; the file stays as it was.
+    std::fs::write(&src, pattern(len + 1, 7)).unwrap();
+    let out = run(Command::new("mv").arg(&src).arg(&f));
+    assert!(!out.status.success(), "mv of a wrong size succeeded");
+    assert!(
+        text(&out.stderr).contains("Invalid argument"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(src.exists(), "a failed mv keeps its source");
+    assert_eq!(model_file(), whole);
+    assert_eq!(std::fs::read(&f).unwrap(), committed);
+    // A backup needs the file renamed, which the tree refuses before anything changes.
+    let out = run(Command::new("install")
+        .args(["--backup=numbered", "-m", "644"])
+        .arg(&src)
+        .arg(&f));
+    assert!(
+        text(&out.stderr).contains("Operation not permitted"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(model_file(), whole);
+
+    // `rm` succeeds and deletes nothing: the name is back once rm has exited.
+    let rm = run(Command::new("rm").arg(&f));
+    assert!(rm.status.success(), "rm: {}", text(&rm.stderr));
+    assert_eq!(std::fs::read(&f).unwrap(), committed);
+    let dir = f.parent().unwrap();
+    let leaf = f.file_name().unwrap().to_str().unwrap();
+    assert!(std::fs::read_dir(dir)
+        .unwrap()
+        .any(|e| e.unwrap().file_name() == leaf));
+    // Until then, the process that unlinked it sees it gone, as any unlink promises.
+    let (ok, out, errs) = py(
+        r#"
+import os, sys
+f = sys.argv[1]
+os.unlink(f)
+print(os.path.exists(f), os.path.basename(f) in os.listdir(os.path.dirname(f)))
+"#,
+        &[f.to_str().unwrap()],
+    );
+    assert!(ok, "{errs}");
+    assert_eq!(out.trim(), "False False");
+    assert!(f.exists());
+    assert_eq!(model_file(), whole);
+}
+
 /// Save like an editor: write a new file beside the target, then rename it over the target.
 #[test]
 fn editor_save_through_a_scratch_file_and_rename_commits() {
-    if fuse_missing() {
+    let Some((_, target, mut m)) = mounted_with_tensor_bin() else {
         return;
-    }
-    let (fx, target) = with_tensor_bin();
-    let mut m = Mount::new(&fx.file, &fx.data, &[]);
+    };
     let f = m.path(&target);
     let len = std::fs::metadata(&f).unwrap().len() as usize;
     let offset: usize = getxattr(&f, "user.ptefs.offset").unwrap().parse().unwrap();
@@ -1309,4 +1418,133 @@ fn mount_warns_about_what_check_reports_and_names_the_data_file_beside() {
     );
     assert!(err.contains("--data"), "{err}");
     assert!(err.contains("linear_ext.ptd"), "{err}");
+}
+
+/// `diff -r` of two mounts of equal copies in different directories finds nothing: no
+/// generated file names the directory. `file` in the JSON is the file's name, which with
+/// `file_offset` is what `xxd -s` reads from the model's directory; `user.ptefs.file` keeps
+/// each copy's absolute path.
+#[test]
+fn diff_r_of_mounts_of_copies_in_different_directories_is_empty() {
+    if fuse_missing() {
+        return;
+    }
+    for name in ["linear_ext.pte", "llama_8da4w.pte", "xnn_qb4_linear.pte"] {
+        let fx = Fixture::named(name);
+        let a = Mount::new(&fx.file, &fx.data, &[]);
+        let b = Mount::new(&fx.file, &fx.data, &[]);
+        let diff = run(Command::new("diff").arg("-r").arg(&a.mnt).arg(&b.mnt));
+        assert!(
+            diff.status.success() && diff.stdout.is_empty(),
+            "{name}: diff -r {} {}:\n{}{}",
+            a.mnt.display(),
+            b.mnt.display(),
+            text(&diff.stdout),
+            text(&diff.stderr)
+        );
+        // What diff compared: every file, including a value `.json` with a location.
+        let value = paths_of(&fx.tree, |p| {
+            p.ends_with(".json") && (p.contains("/values/") || p.contains("named_data/"))
+        })
+        .into_iter()
+        .find(|p| {
+            let j: Value = serde_json::from_slice(&std::fs::read(a.path(p)).unwrap()).unwrap();
+            j["file"].is_string()
+        })
+        .unwrap_or_else(|| panic!("{name}: no .json with a file"));
+        for m in [&a, &b] {
+            let j: Value = serde_json::from_slice(&std::fs::read(m.path(&value)).unwrap()).unwrap();
+            let file = j["file"].as_str().unwrap();
+            let dir = m.model.parent().unwrap();
+            assert!(
+                m.model.file_name().unwrap() == file
+                    || m.data.iter().any(|d| d.file_name().unwrap() == file),
+                "{name}: {value} file {file:?}"
+            );
+            let bin = m.path(&format!("{}.bin", value.trim_end_matches(".json")));
+            let len = std::fs::metadata(&bin).unwrap().len().to_string();
+            let offset = j["file_offset"].as_u64().unwrap().to_string();
+            let via_json = tool(
+                Command::new("xxd")
+                    .args(["-p", "-s", &offset, "-l", &len, file])
+                    .current_dir(dir),
+            );
+            assert_eq!(
+                via_json,
+                tool(Command::new("xxd").arg("-p").arg(&bin)),
+                "{name}: {value}"
+            );
+            let xattr = getxattr(&bin, "user.ptefs.file").unwrap();
+            assert_eq!(Path::new(&xattr), dir.join(file), "{name}: {value}");
+        }
+    }
+}
+
+/// A bfloat16 tensor's `.npy` (`|V2`, which NumPy lacks) also takes the `uint16` and `int16`
+/// arrays NumPy users hold such tensors in, of the same shape; other shapes and big-endian
+/// arrays are refused with EINVAL, leaving the file as it was.
+#[test]
+fn uint16_and_int16_arrays_replace_a_bfloat16_npy_of_the_same_shape() {
+    if fuse_missing() {
+        return;
+    }
+    for (name, npy) in [
+        ("bf16_linear.pte", "plans/forward/values/0.npy"),
+        (
+            "xnn_bf16_linear.pte",
+            "plans/forward/delegates/0/xnnpack/values/1.npy",
+        ),
+    ] {
+        let fx = Fixture::named(name);
+        let m = Mount::new(&fx.file, &fx.data, &[]);
+        let f = m.path(npy);
+        let dtype = getxattr(&f, "user.ptefs.dtype").unwrap();
+        assert!(
+            dtype == "BFLOAT16" || dtype == "bf16",
+            "{name}: {npy} is {dtype}"
+        );
+        let offset: usize = getxattr(&f, "user.ptefs.offset").unwrap().parse().unwrap();
+        let backing = PathBuf::from(getxattr(&f, "user.ptefs.file").unwrap());
+        for view in ["uint16", "int16"] {
+            let (ok, out, errs) = py(
+                r#"
+import sys, numpy
+p, view = sys.argv[1], sys.argv[2]
+a = numpy.load(p)
+assert a.dtype.str == '|V2', a.dtype.str
+b = a.view(view) ^ numpy.array(1, dtype=view)
+numpy.save(p, b)
+c = numpy.load(p)
+assert c.dtype.str == '|V2' and c.shape == a.shape and c.tobytes() == b.tobytes(), "not saved"
+sys.stdout.write(b.tobytes().hex())
+"#,
+                &[f.to_str().unwrap(), view],
+            );
+            assert!(ok, "{name}: numpy.save of a {view} view: {errs}");
+            let new: Vec<u8> = (0..out.len() / 2)
+                .map(|i| u8::from_str_radix(&out[2 * i..2 * i + 2], 16).unwrap())
+                .collect();
+            let file = std::fs::read(&backing).unwrap();
+            assert_eq!(
+                &file[offset..offset + new.len()],
+                &new[..],
+                "{name}: {view}"
+            );
+        }
+        let before = std::fs::read(&backing).unwrap();
+        for bad in [
+            "a.view('uint16').reshape((1,) + a.shape)",
+            "a.view('uint16').astype('>u2')",
+            "a.view('uint16').astype('uint32')",
+        ] {
+            let errno = py_errno(
+                &format!(
+                    "import numpy\na = numpy.load(sys.argv[1])\nnumpy.save(sys.argv[1], {bad})"
+                ),
+                &[f.to_str().unwrap()],
+            );
+            assert_eq!(errno, "EINVAL", "{name}: {bad}");
+        }
+        assert_eq!(std::fs::read(&backing).unwrap(), before, "{name}");
+    }
 }

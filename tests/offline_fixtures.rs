@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -486,8 +486,9 @@ fn expected_sha256(c: &Ctx, v: &Value) -> Value {
     Value::Null
 }
 
-fn canonical(p: &Path) -> String {
-    p.canonicalize().unwrap().display().to_string()
+/// What `file` in the JSON names: the file's own name, without its directory.
+fn file_name(p: &Path) -> String {
+    p.file_name().unwrap().to_string_lossy().into_owned()
 }
 
 fn check_tensor(c: &mut Ctx, dir: &str, i: usize, v: &Value, j: &Value) {
@@ -556,7 +557,7 @@ fn check_tensor(c: &mut Ctx, dir: &str, i: usize, v: &Value, j: &Value) {
         );
         c.eq(
             &format!("{at} file"),
-            Some(canonical(&file)),
+            Some(file_name(&file)),
             j["file"].as_str().map(str::to_string),
         );
         c.eq(
@@ -618,16 +619,105 @@ fn values_match_the_manifest() {
             c.json_eq(&format!("{at} type"), &v["kind"], &j["type"]);
             match str_of(&v["kind"]) {
                 "Tensor" => check_tensor(c, &dir, i, v, &j),
-                _ => {
+                kind => {
                     for key in ["value", "items"] {
                         if let Some(x) = v.get(key) {
                             c.json_eq(&format!("{at} {key}"), x, &j[key]);
                         }
                     }
+                    if kind == "IntList" {
+                        let values = int_list_values(&p["values"], &v["items"]);
+                        c.json_eq(&format!("{at} values"), &values, &j["values"]);
+                    }
                 }
             }
         }
     });
+}
+
+/// The integers an IntList's items stand for, from the manifest: the value of each Int
+/// they index, null for an item that is not an Int.
+fn int_list_values(values: &Value, items: &Value) -> Value {
+    let items = items.as_array().cloned().unwrap_or_default();
+    Value::from(
+        items
+            .iter()
+            .map(|i| {
+                let v = i.as_u64().map_or(&Value::Null, |i| &values[i as usize]);
+                if v["kind"] == "Int" {
+                    v["value"].clone()
+                } else {
+                    Value::Null
+                }
+            })
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// What `plan.json`'s `signature` says of one input or output, from the manifest.
+fn signature_entry(values: &Value, index: &Value) -> Value {
+    let v = &values[index.as_u64().unwrap() as usize];
+    let mut e = serde_json::json!({ "index": index, "type": v["kind"] });
+    match str_of(&v["kind"]) {
+        "Tensor" => {
+            for k in ["scalar_type", "sizes", "dim_order", "shape_dynamism"] {
+                e[k] = v[k].clone();
+            }
+        }
+        "Int" | "Bool" | "Double" => e["value"] = v["value"].clone(),
+        _ => {}
+    }
+    e
+}
+
+#[test]
+fn plan_json_signature_matches_the_manifest() {
+    for_each_plan(|c, p, plan| {
+        let path = format!("plans/{plan}/plan.json");
+        let Some(j) = c.json(&path) else { return };
+        for side in ["inputs", "outputs"] {
+            let indices = p[side].as_array().cloned().unwrap_or_default();
+            let expected: Vec<Value> = indices
+                .iter()
+                .map(|i| signature_entry(&p["values"], i))
+                .collect();
+            c.json_eq(
+                &format!("{path} signature.{side}"),
+                &Value::from(expected),
+                &j["signature"][side],
+            );
+            c.json_eq(
+                &format!("{path} signature.{side}_total"),
+                &Value::from(indices.len()),
+                &j["signature"][format!("{side}_total")],
+            );
+        }
+    });
+    // The fixtures cover dynamic shapes and non-tensor outputs.
+    let mut kinds = BTreeSet::new();
+    for m in manifests() {
+        let m = load_json(&m);
+        for p in m["plans"].as_array().into_iter().flatten() {
+            for i in p["inputs"].as_array().into_iter().flatten() {
+                let v = &p["values"][i.as_u64().unwrap() as usize];
+                kinds.insert(format!(
+                    "{} {}",
+                    str_of(&v["kind"]),
+                    str_of(&v["shape_dynamism"])
+                ));
+            }
+            for i in p["outputs"].as_array().into_iter().flatten() {
+                let v = &p["values"][i.as_u64().unwrap() as usize];
+                kinds.insert(str_of(&v["kind"]).to_string());
+            }
+        }
+    }
+    for k in ["Tensor DYNAMIC_BOUND", "Tensor STATIC", "Int", "Bool"] {
+        assert!(
+            kinds.contains(k),
+            "no fixture has a signature entry {k}: {kinds:?}"
+        );
+    }
 }
 
 #[test]
@@ -926,6 +1016,336 @@ fn check_finds_no_defects() {
             Ok(()) if !out.is_empty() && out.ends_with(b"\n") => {}
             Ok(()) => c.err("info: empty or unterminated output".into()),
             Err(e) => c.err(format!("info: {e}")),
+        }
+    });
+}
+
+/// The rows of each table of `ptefs info` (a line ending in `:` followed by indented
+/// `<label> <count>  <bytes>` lines): label → (count, exact bytes).
+fn info_tables(text: &str) -> HashMap<String, BTreeMap<String, (u64, u64)>> {
+    let mut tables: HashMap<String, BTreeMap<String, (u64, u64)>> = HashMap::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        if !line.starts_with(' ') {
+            current = line
+                .strip_suffix(':')
+                .map(|t| t.split(" (").next().unwrap().to_string());
+            continue;
+        }
+        let Some(title) = &current else { continue };
+        let t: Vec<&str> = line.split_whitespace().collect();
+        // `4 B` or `32.0 KiB (32768 B)`: the exact count is the number before the last `B`.
+        let (bytes, width) = if t.last() == Some(&"B)") {
+            (t[t.len() - 2].trim_start_matches('('), 4)
+        } else {
+            (t[t.len() - 2], 2)
+        };
+        let count = t[t.len() - width - 1].parse().unwrap();
+        let label = t[..t.len() - width - 1].join(" ");
+        tables
+            .entry(title.clone())
+            .or_default()
+            .insert(label, (count, bytes.parse().unwrap()));
+    }
+    tables
+}
+
+/// Adds an item to an expected table: counted under `label`, its bytes once per `place`.
+fn tally(
+    table: &mut BTreeMap<String, (u64, u64)>, seen: &mut BTreeSet<String>, label: String,
+    place: String, bytes: u64,
+) {
+    let row = table.entry(label).or_default();
+    row.0 += 1;
+    if seen.insert(place) {
+        row.1 += bytes;
+    }
+}
+
+/// A key's entry in the first file that has it (the program, then the data files in
+/// order, as the runtime looks): (file index, its manifest entry).
+fn key_entry<'a>(files: &'a [Value], key: &str) -> Option<(usize, &'a Value)> {
+    files.iter().enumerate().find_map(|(f, m)| {
+        m["named_data"]
+            .as_array()?
+            .iter()
+            .find(|n| n["key"] == key)
+            .map(|n| (f, n))
+    })
+}
+
+fn short_datatype(v: &Value) -> String {
+    str_of(&v["datatype"])
+        .trim_start_matches("xnn_datatype_")
+        .to_string()
+}
+
+/// `ptefs info` against the manifests: each method's signature, the tensors by dtype and
+/// where their bytes are, named data by what it holds, XNNPACK constants by datatype (from
+/// flatc's decoding of each payload), and a line per data file.
+#[test]
+fn info_summarises_signatures_data_files_and_xnnpack_constants() {
+    use ptefs::offline::info::human;
+    for_each_fixture(|c| {
+        let mut out = Vec::new();
+        ptefs::offline::info(&c.fs, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: BTreeSet<&str> = text.lines().collect();
+        let tables = info_tables(&text);
+        let m = c.manifest.clone();
+        let attached = attached(c);
+        let mut files = vec![m.clone()];
+        files.extend(attached.iter().map(|a| a.2.clone()));
+        let expect_line = |c: &mut Ctx, line: String| {
+            if !lines.contains(line.as_str()) {
+                c.err(format!("info lacks the line {line:?}:\n{text}"));
+            }
+        };
+        let io = |v: &Value, i: &Value| -> String {
+            let list = |x: &Value| {
+                u64s(x)
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            match str_of(&v["kind"]) {
+                "Tensor" => format!(
+                    "%{i} {}[{}] dim_order [{}] {}",
+                    str_of(&v["scalar_type"]),
+                    list(&v["sizes"]),
+                    list(&v["dim_order"]),
+                    str_of(&v["shape_dynamism"])
+                ),
+                kind => format!("%{i} {kind} {}", v["value"]),
+            }
+        };
+        let mut tensors = BTreeMap::new();
+        let mut seen = BTreeSet::new();
+        let mut xnn = BTreeMap::new();
+        let mut xnn_seen = BTreeSet::new();
+        // Named keys the payloads read: key → label, for the first reader.
+        let mut readers: BTreeMap<String, String> = BTreeMap::new();
+        for (p, plan) in m["plans"].as_array().into_iter().flatten().enumerate() {
+            let name = str_of(&plan["name"]);
+            let values = &plan["values"];
+            let inputs = plan["inputs"].as_array().cloned().unwrap_or_default();
+            let outputs = plan["outputs"].as_array().cloned().unwrap_or_default();
+            let at = |i: &Value| &values[i.as_u64().unwrap() as usize];
+            let constant = plan["instructions"].as_array().is_none_or(Vec::is_empty)
+                && inputs.is_empty()
+                && !outputs.is_empty()
+                && outputs.iter().all(|i| at(i)["kind"] != "Tensor");
+            if constant {
+                let shown: Vec<String> = outputs
+                    .iter()
+                    .enumerate()
+                    .map(|(k, i)| format!("output {k}: {}", io(at(i), i)))
+                    .collect();
+                expect_line(
+                    c,
+                    format!("  {name}: constant method; {}", shown.join("; ")),
+                );
+            } else {
+                for (k, i) in inputs.iter().enumerate() {
+                    expect_line(c, format!("    input {k}: {}", io(at(i), i)));
+                }
+                for (k, i) in outputs.iter().enumerate() {
+                    expect_line(c, format!("    output {k}: {}", io(at(i), i)));
+                }
+            }
+            for v in values.as_array().into_iter().flatten() {
+                let kind = match str_of(&v["data"]) {
+                    "constant" => "constant",
+                    "mutable_initial_state" => "initial state",
+                    "external" => "external",
+                    _ => continue,
+                };
+                let Some((file, offset)) = expected_location(c, v) else {
+                    continue;
+                };
+                tally(
+                    &mut tensors,
+                    &mut seen,
+                    format!("{} {kind}", str_of(&v["scalar_type"])),
+                    format!("{}:{offset}", file.display()),
+                    v["nbytes"].as_u64().unwrap(),
+                );
+            }
+            for (j, d) in plan["delegates"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                let Some(x) = d.get("xnnpack") else { continue };
+                let data = x["constant_data"].as_array().cloned().unwrap_or_default();
+                for v in x["values"].as_array().into_iter().flatten() {
+                    let dt = short_datatype(v);
+                    let scale_idx = v["quant"]["scale_buffer_idx"].as_u64().unwrap_or(0);
+                    let scales = if v["quant_type"] == "PerChannelGroupQuant" {
+                        "bf16"
+                    } else {
+                        "fp32"
+                    };
+                    let refs = [
+                        (
+                            v["constant_buffer_idx"].as_u64().unwrap(),
+                            dt.clone(),
+                            format!("XNNPACK {dt}"),
+                        ),
+                        (
+                            scale_idx,
+                            format!("{dt} scales ({scales})"),
+                            format!("XNNPACK {dt} scales"),
+                        ),
+                    ];
+                    for (idx, label, named) in refs {
+                        if idx == 0 {
+                            continue;
+                        }
+                        let e = &data[idx as usize];
+                        let key = str_of(&e["named_key"]);
+                        let (place, bytes) = match key_entry(&files, key) {
+                            Some((f, n)) => (format!("{f}:{key}"), n["nbytes"].as_u64().unwrap()),
+                            None => (
+                                format!("{p}/{j}@{}", e["offset"]),
+                                e["size"].as_u64().unwrap(),
+                            ),
+                        };
+                        tally(&mut xnn, &mut xnn_seen, label, place, bytes);
+                        readers.entry(key.to_string()).or_insert(named);
+                    }
+                }
+            }
+        }
+        let mut named = BTreeMap::new();
+        let mut named_seen = BTreeSet::new();
+        for (f, fm) in files.iter().enumerate() {
+            for n in fm["named_data"].as_array().into_iter().flatten() {
+                let key = str_of(&n["key"]);
+                let read_here = key_entry(&files, key).is_some_and(|(g, _)| g == f);
+                let label = match (&n["tensor_layout"]["scalar_type"], readers.get(key)) {
+                    (Value::String(st), _) => st.clone(),
+                    (_, Some(reader)) if read_here => reader.clone(),
+                    _ => "(blob)".to_string(),
+                };
+                let place = format!("{f}:{}", n["segment_index"]);
+                tally(
+                    &mut named,
+                    &mut named_seen,
+                    label,
+                    place,
+                    n["nbytes"].as_u64().unwrap(),
+                );
+            }
+        }
+        let table = |t: &str| tables.get(t).cloned().unwrap_or_default();
+        c.eq(
+            "info tensor bytes by dtype",
+            tensors,
+            table("tensor bytes by dtype"),
+        );
+        c.eq(
+            "info named data by dtype",
+            named,
+            table("named data by dtype"),
+        );
+        c.eq(
+            "info XNNPACK constants",
+            xnn,
+            table("XNNPACK constants by datatype"),
+        );
+        for (stem_dir, path, pm) in &attached {
+            let entries = pm["named_data"].as_array().cloned().unwrap_or_default();
+            let tensors = entries
+                .iter()
+                .filter(|n| n["tensor_layout"].is_object())
+                .count();
+            let mut segs = BTreeSet::new();
+            let bytes: u64 = entries
+                .iter()
+                .filter(|n| segs.insert(n["segment_index"].as_u64()))
+                .map(|n| n["nbytes"].as_u64().unwrap())
+                .sum();
+            expect_line(
+                c,
+                format!(
+                    "  {} ({stem_dir}): {}, {} keys ({tensors} tensors, {} blobs) holding {}, in {} segments",
+                    file_name(path),
+                    human(pm["size"].as_u64().unwrap()),
+                    entries.len(),
+                    entries.len() - tensors,
+                    human(bytes),
+                    pm["segments"].as_array().map_or(0, Vec::len),
+                ),
+            );
+        }
+        // One screen.
+        if text.lines().count() > 40 {
+            c.err(format!("info is {} lines:\n{text}", text.lines().count()));
+        }
+    });
+}
+
+/// Two copies of a fixture in different directories show the same tree with the same bytes
+/// in every file (what `diff -r` of two mounts compares): no generated file names the
+/// directory. Only `user.ptefs.file` differs, naming each copy by its absolute path.
+#[test]
+fn copies_in_different_directories_show_the_same_bytes() {
+    for_each_fixture(|c| {
+        let a = common::copy_files(&c.file, &c.data);
+        let b = common::copy_files(&c.file, &c.data);
+        let open = |k: &common::Copied| ptefs::offline::open_fs(&k.model, &k.data).unwrap();
+        let (fa, fb) = (open(&a), open(&b));
+        let (wa, wb) = (walk(&fa), walk(&fb));
+        let paths =
+            |w: &[(String, Ino, FileType)]| w.iter().map(|e| e.0.clone()).collect::<Vec<_>>();
+        c.eq("paths of the two copies", paths(&wa), paths(&wb));
+        for ((path, ia, kind), (_, ib, _)) in wa.iter().zip(&wb) {
+            if *kind == FileType::Directory {
+                continue;
+            }
+            let (ba, bb) = (
+                read_all(&fa, *ia, 1 << 20).unwrap(),
+                read_all(&fb, *ib, 1 << 20).unwrap(),
+            );
+            if ba != bb {
+                c.err(format!(
+                    "{path}: differs between copies in {} and {}",
+                    a.root.display(),
+                    b.root.display()
+                ));
+            }
+            for (k, bytes) in [(&a, &ba), (&b, &bb)] {
+                let dir = k.root.to_string_lossy();
+                if bytes.windows(dir.len()).any(|w| w == dir.as_bytes()) {
+                    c.err(format!("{path}: names the directory {dir}"));
+                }
+            }
+            let names = fa.listxattr(*ia).unwrap();
+            c.eq(
+                &format!("{path}: xattr names"),
+                &names,
+                &fb.listxattr(*ib).unwrap(),
+            );
+            for n in &names {
+                let (xa, xb) = (xattr(&fa, *ia, n), xattr(&fb, *ib, n));
+                if n != "user.ptefs.file" {
+                    c.eq(&format!("{path}: {n}"), &xa, &xb);
+                    continue;
+                }
+                for (k, x) in [(&a, xa), (&b, xb)] {
+                    let x = PathBuf::from(x.unwrap_or_default());
+                    if x.parent() != Some(k.root.as_path()) {
+                        c.err(format!(
+                            "{path}: user.ptefs.file {} is not in {}",
+                            x.display(),
+                            k.root.display()
+                        ));
+                    }
+                }
+            }
         }
     });
 }

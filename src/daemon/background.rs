@@ -7,15 +7,25 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::FromRawFd;
 
+use super::logging::{self, RuntimeLog};
 use crate::error::{Error, Result};
 
 /// Where the mount reports that it is live, or why it is not.
 pub enum Ready {
     Foreground,
-    Pipe(File),
+    /// The pipe to the parent, and the daemon's runtime log file when there is no syslog.
+    Pipe(File, Option<RuntimeLog>),
 }
 
 impl Ready {
+    /// From the live mount on, the daemon logs to `log` (no syslog); the parent says so.
+    pub fn log_to(self, log: RuntimeLog) -> Ready {
+        match self {
+            Ready::Pipe(f, _) => Ready::Pipe(f, Some(log)),
+            other => other,
+        }
+    }
+
     /// Tells whoever waits for the mount how it went, after the warnings about the model
     /// (one line each). In the foreground the warnings go to the log (stderr) and a failure
     /// is returned to the caller, which prints it.
@@ -26,7 +36,7 @@ impl Ready {
                     log::warn!("{w}");
                 }
             }
-            Ready::Pipe(mut f) => {
+            Ready::Pipe(mut f, log) => {
                 let mut msg = String::new();
                 for w in warnings {
                     msg.push_str("warn:");
@@ -34,7 +44,13 @@ impl Ready {
                     msg.push('\n');
                 }
                 match result {
-                    Ok(()) => msg.push_str("ok"),
+                    Ok(()) => {
+                        if let Some(log) = log {
+                            msg.push_str(&format!("log:{}\n", log.path.display()));
+                            logging::live(log);
+                        }
+                        msg.push_str("ok")
+                    }
                     Err(e) => msg.push_str(&format!("error:{}", e.message().replace('\n', " "))),
                 }
                 let _ = f.write_all(msg.as_bytes());
@@ -65,7 +81,8 @@ pub fn fork() -> Result<Side> {
         -1 => Err(Error::io("fork", std::io::Error::last_os_error())),
         0 => {
             drop(read_end);
-            Ok(Side::Child(Ready::Pipe(write_end)))
+            logging::forked();
+            Ok(Side::Child(Ready::Pipe(write_end, None)))
         }
         _child => {
             drop(write_end);
@@ -74,9 +91,14 @@ pub fn fork() -> Result<Side> {
             let _ = read_end.read_to_string(&mut all);
             let mut msg = "";
             for line in all.lines() {
-                match line.strip_prefix("warn:") {
-                    Some(w) => eprintln!("ptefs: warning: {w}"),
-                    None => msg = line,
+                if let Some(w) = line.strip_prefix("warn:") {
+                    eprintln!("ptefs: warning: {w}");
+                } else if let Some(path) = line.strip_prefix("log:") {
+                    eprintln!(
+                        "ptefs: no syslog listens at /dev/log: the daemon logs its errors to {path}"
+                    );
+                } else {
+                    msg = line;
                 }
             }
             Ok(Side::Parent(if msg == "ok" {

@@ -1,6 +1,9 @@
 //! A lock file per mount, named after the mount's device number and held (flock) by the
 //! daemon for its whole life, so that `ptefs umount` can wait until the daemon has committed
-//! everything and exited.
+//! everything and exited. It records the daemon's pid, the mountpoint and the model file: it
+//! is how `ptefs umount` and `ptefs mount` tell a mount ptefs made from one that only looks
+//! like it (a file-system name and subtype are any mount's to choose). A claim file per
+//! model file (device and inode) keeps each file mounted once.
 //!
 //! Invariants: lock files live only in a directory that belongs to the daemon's user and
 //! that nobody else may write (`/run/ptefs` for root, `$XDG_RUNTIME_DIR/ptefs`, else
@@ -10,7 +13,7 @@
 
 use std::ffi::CString;
 use std::fs::File;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
@@ -18,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
+use crate::format::model::stat_in;
 
 /// Where lock files may go, best first.
 pub fn runtime_dirs() -> Vec<PathBuf> {
@@ -31,6 +35,18 @@ pub fn runtime_dirs() -> Vec<PathBuf> {
     }
     dirs.push(std::env::temp_dir().join(format!("ptefs-{uid}")));
     dirs
+}
+
+/// The first usable directory of `runtime_dirs`, opened, and its path.
+pub fn runtime_dir() -> Result<(File, PathBuf)> {
+    let mut last = None;
+    for path in runtime_dirs() {
+        match private_dir(&path) {
+            Ok(dir) => return Ok((dir, path)),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| Error::new(libc::ENOENT, "no runtime directory")))
 }
 
 fn lock_name(dev: &str) -> String {
@@ -112,6 +128,25 @@ fn open_in(dir: &File, name: &str, create: bool) -> Result<File> {
     Ok(file)
 }
 
+/// Whether `file` is still what `name` in `dir` names (a lock file removed between our open
+/// and our lock leaves us holding a file nobody else can find).
+fn still_named(dir: &File, name: &str, file: &File) -> bool {
+    let now = stat_in(dir, std::ffi::OsStr::new(name)).ok();
+    file.metadata()
+        .is_ok_and(|m| now == Some((m.dev(), m.ino())))
+}
+
+/// The record of a mount: `pid`, mountpoint and model file, each followed by a NUL (paths
+/// may hold any other byte).
+fn encode_record(mountpoint: &Path, model: &Path) -> Vec<u8> {
+    let mut out = format!("{}\0", std::process::id()).into_bytes();
+    for p in [mountpoint, model] {
+        out.extend_from_slice(p.as_os_str().as_bytes());
+        out.push(0);
+    }
+    out
+}
+
 /// The daemon's lock file, held until it exits.
 pub struct MountLock {
     dir: File,
@@ -120,12 +155,14 @@ pub struct MountLock {
 }
 
 impl MountLock {
-    pub fn take(dev: &str) -> Option<MountLock> {
-        MountLock::take_in(&runtime_dirs(), dev)
+    /// Takes the lock of mount `dev` (on `mountpoint`, of `model`) and records the mount.
+    pub fn take(dev: &str, mountpoint: &Path, model: &Path) -> Option<MountLock> {
+        MountLock::take_in(&runtime_dirs(), dev, &encode_record(mountpoint, model))
     }
 
-    /// Takes the lock of mount `dev` in the first usable directory of `dirs`.
-    pub fn take_in(dirs: &[PathBuf], dev: &str) -> Option<MountLock> {
+    /// Takes the lock of mount `dev` in the first usable directory of `dirs`, writing
+    /// `record` into it.
+    pub fn take_in(dirs: &[PathBuf], dev: &str, record: &[u8]) -> Option<MountLock> {
         let name = lock_name(dev);
         for path in dirs {
             let dir = match private_dir(path) {
@@ -135,19 +172,33 @@ impl MountLock {
                     continue;
                 }
             };
-            let mut file = match open_in(&dir, &name, true) {
-                Ok(f) => f,
-                Err(e) => {
-                    log::warn!("not using {}: {e}", path.display());
-                    continue;
-                }
-            };
             // A `ptefs umount` of the previous mount with this device number may still
             // hold the file for a moment after that daemon exited: wait for it here, so
             // that every mount of a device uses the same path.
             let deadline = Instant::now() + Duration::from_secs(2);
-            // SAFETY: flock on a descriptor we own.
-            while unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            loop {
+                let mut file = match open_in(&dir, &name, true) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        log::warn!("not using {}: {e}", path.display());
+                        break;
+                    }
+                };
+                // SAFETY: flock on a descriptor we own.
+                if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                    // `ptefs umount` removes the record of a dead daemon's mount while it
+                    // holds the lock: a file locked after that is open again.
+                    if !still_named(&dir, &name, &file) {
+                        continue;
+                    }
+                    let _ = file.set_len(0);
+                    let _ = file.write_all(record);
+                    return Some(MountLock {
+                        dir,
+                        name,
+                        _file: file,
+                    });
+                }
                 if Instant::now() > deadline {
                     log::warn!(
                         "{}/{name} stays locked: `ptefs umount` will not wait for this daemon",
@@ -157,13 +208,6 @@ impl MountLock {
                 }
                 std::thread::sleep(Duration::from_millis(2));
             }
-            let _ = file.set_len(0);
-            let _ = writeln!(file, "{}", std::process::id());
-            return Some(MountLock {
-                dir,
-                name,
-                _file: file,
-            });
         }
         log::debug!("no lock file for mount {dev}: `ptefs umount` will not wait for the daemon");
         None
@@ -196,6 +240,7 @@ fn claim_name(meta: &std::fs::Metadata) -> String {
 pub enum Holder<'a> {
     Mount(&'a Path),
     Apply,
+    Recover,
 }
 
 impl Holder<'_> {
@@ -204,11 +249,13 @@ impl Holder<'_> {
         match self {
             Holder::Mount(p) => format!("mounted on {}", p.display()),
             Holder::Apply => APPLYING.to_string(),
+            Holder::Recover => RECOVERING.to_string(),
         }
     }
 }
 
 const APPLYING: &str = "being updated by ptefs apply";
+const RECOVERING: &str = "being recovered by ptefs recover";
 
 /// Claims `model` for `holder`, or says who holds it already.
 pub fn claim_file(model: &Path, holder: Holder) -> Result<FileClaim> {
@@ -230,11 +277,11 @@ pub fn claim_file(model: &Path, holder: Holder) -> Result<FileClaim> {
             // SAFETY: flock on a descriptor we own.
             if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
                 let mut holder = String::new();
-                let _ = std::io::Read::read_to_string(&mut file, &mut holder);
+                let _ = file.read_to_string(&mut holder);
                 let mut lines = holder.lines();
                 let at = lines.next().unwrap_or("mounted elsewhere");
                 let pid = lines.next().unwrap_or("?");
-                let advice = if at == APPLYING {
+                let advice = if at == APPLYING || at == RECOVERING {
                     "try again once it is done"
                 } else {
                     "unmount it first"
@@ -247,21 +294,7 @@ pub fn claim_file(model: &Path, holder: Holder) -> Result<FileClaim> {
                     ),
                 ));
             }
-            let still = c_string(name.as_bytes()).ok().and_then(|c| {
-                let mut st: libc::stat = unsafe { std::mem::zeroed() };
-                // SAFETY: a valid directory descriptor, C string and stat buffer.
-                let r = unsafe {
-                    libc::fstatat(
-                        dir.as_raw_fd(),
-                        c.as_ptr(),
-                        &mut st,
-                        libc::AT_SYMLINK_NOFOLLOW,
-                    )
-                };
-                (r == 0).then_some(st.st_ino)
-            });
-            let ino = file.metadata().map(|m| m.ino()).ok();
-            if still.is_none() || still != ino {
+            if !still_named(&dir, &name, &file) {
                 continue;
             }
             let _ = file.set_len(0);
@@ -313,13 +346,75 @@ impl Drop for FileClaim {
     }
 }
 
-/// Opens the lock file of a mount, for `umount` to wait on.
-pub fn open_lock(dev: &str) -> Option<File> {
+/// What the lock file of mount `dev` says, as `ptefs umount` and `ptefs mount` read it.
+pub struct MountRecord {
+    /// The lock file, for `wait_for_daemon`.
+    pub file: File,
+    dir: File,
+    name: String,
+    /// Whether a live daemon holds it.
+    pub held: bool,
+    pub pid: Option<u32>,
+    pub mountpoint: Option<PathBuf>,
+    pub model: Option<PathBuf>,
+}
+
+/// The record of mount `dev` in this user's runtime directory, if ptefs made one.
+pub fn mount_record(dev: &str) -> Option<MountRecord> {
     let name = lock_name(dev);
     runtime_dirs().into_iter().find_map(|d| {
         let dir = private_dir(&d).ok()?;
-        open_in(&dir, &name, false).ok()
+        let mut file = open_in(&dir, &name, false).ok()?;
+        let mut bytes = Vec::new();
+        // Bounded: a record is a pid and two paths.
+        (&mut file)
+            .take(3 * 4096 + 32)
+            .read_to_end(&mut bytes)
+            .ok()?;
+        let mut fields = bytes.split(|&b| b == 0);
+        let pid = fields
+            .next()
+            .and_then(|f| std::str::from_utf8(f).ok())
+            .and_then(|f| f.trim().parse().ok());
+        let path = |f: Option<&[u8]>| {
+            f.filter(|f| !f.is_empty())
+                .map(|f| PathBuf::from(std::ffi::OsStr::from_bytes(f)))
+        };
+        let mountpoint = path(fields.next());
+        let model = path(fields.next());
+        // SAFETY: flock on a descriptor we own.
+        let held = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0;
+        if !held {
+            // SAFETY: as above.
+            unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+        }
+        Some(MountRecord {
+            file,
+            dir,
+            name: name.clone(),
+            held,
+            pid,
+            mountpoint,
+            model,
+        })
     })
+}
+
+impl MountRecord {
+    /// Removes the record of a mount whose daemon is gone (after that mount was unmounted),
+    /// unless a new daemon holds it by now.
+    pub fn remove_if_abandoned(self) {
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return;
+        }
+        if still_named(&self.dir, &self.name, &self.file) {
+            if let Ok(c) = c_string(self.name.as_bytes()) {
+                // SAFETY: a valid directory descriptor and C string.
+                unsafe { libc::unlinkat(self.dir.as_raw_fd(), c.as_ptr(), 0) };
+            }
+        }
+    }
 }
 
 /// Waits until the daemon holding `lock` has exited (at most ten minutes).
@@ -384,11 +479,11 @@ mod tests {
         std::fs::write(&victim, b"keep").unwrap();
         std::os::unix::fs::symlink(&victim, fresh.join(lock_name("0:99"))).unwrap();
         assert!(open_in(&dir, &lock_name("0:99"), true).is_err());
-        assert!(MountLock::take_in(&[linked, open, fresh.clone()], "0:99").is_none());
+        assert!(MountLock::take_in(&[linked, open, fresh.clone()], "0:99", b"record").is_none());
         assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
         // With a clean directory the lock is taken, and removed when dropped.
         std::fs::remove_file(fresh.join(lock_name("0:99"))).unwrap();
-        let lock = MountLock::take_in(std::slice::from_ref(&fresh), "0:99").unwrap();
+        let lock = MountLock::take_in(std::slice::from_ref(&fresh), "0:99", b"record").unwrap();
         assert!(fresh.join(lock_name("0:99")).is_file());
         drop(lock);
         assert!(!fresh.join(lock_name("0:99")).exists());

@@ -4,9 +4,12 @@ use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
+use crate::error::{Error, Result};
+
 /// One line of /proc/self/mountinfo.
 #[derive(Debug, Clone)]
 pub struct MountEntry {
+    pub mountpoint: PathBuf,
     /// "major:minor"
     pub dev: String,
     pub fstype: String,
@@ -41,10 +44,12 @@ fn unescape(field: &str) -> OsString {
     OsString::from_vec(out)
 }
 
-/// The topmost mount at `path` (an absolute, canonical path), from the mount table.
-pub fn find_mount(path: &Path) -> Option<MountEntry> {
-    let table = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let mut found = None;
+/// Every mount of this process's mount namespace, bottom to top.
+pub fn table() -> Vec<MountEntry> {
+    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
     for line in table.lines() {
         let fields: Vec<&str> = line.split(' ').collect();
         let Some(sep) = fields.iter().position(|f| *f == "-") else {
@@ -53,15 +58,40 @@ pub fn find_mount(path: &Path) -> Option<MountEntry> {
         if fields.len() < 5 || fields.len() < sep + 3 {
             continue;
         }
-        if Path::new(&unescape(fields[4])) == path {
-            found = Some(MountEntry {
-                dev: fields[2].to_string(),
-                fstype: fields[sep + 1].to_string(),
-                source: unescape(fields[sep + 2]).to_string_lossy().into_owned(),
-            });
-        }
+        out.push(MountEntry {
+            mountpoint: PathBuf::from(unescape(fields[4])),
+            dev: fields[2].to_string(),
+            fstype: fields[sep + 1].to_string(),
+            source: unescape(fields[sep + 2]).to_string_lossy().into_owned(),
+        });
     }
-    found
+    out
+}
+
+/// The topmost mount at `path` (an absolute, canonical path), from the mount table.
+pub fn find_mount(path: &Path) -> Option<MountEntry> {
+    table().into_iter().rfind(|e| e.mountpoint == path)
+}
+
+/// Refuses `file` (canonical) when a FUSE mount's file-system name says a ptefs daemon
+/// mounts it, naming the mountpoint. Claims (`lock`) are per user: this also finds the
+/// daemons of other users, and mounts whose daemon has exited.
+pub fn refuse_if_mounted(file: &Path) -> Result<()> {
+    let name = super::options::fsname(file);
+    match table()
+        .into_iter()
+        .find(|e| e.fstype.starts_with("fuse") && e.source == name)
+    {
+        None => Ok(()),
+        Some(e) => Err(Error::new(
+            libc::EBUSY,
+            format!(
+                "{} is already mounted on {} (by a ptefs daemon of another user, or one that has exited); unmount it first",
+                file.display(),
+                e.mountpoint.display()
+            ),
+        )),
+    }
 }
 
 /// The absolute path of a mountpoint without touching the mount itself when it is dead.

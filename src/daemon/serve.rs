@@ -54,12 +54,6 @@ fn raise_readahead(dev: &str) {
     }
 }
 
-fn commit_pending(fs: &Fs) {
-    for e in fs.commit_all() {
-        log::error!("commit before unmount failed: {e}");
-    }
-}
-
 /// Waits for a signal, then commits what is staged and unmounts (or detaches a busy mount).
 fn on_signals(fs: Arc<Fs>, mountpoint: PathBuf, events: mpsc::Sender<Event>) {
     let set = signal_set();
@@ -67,7 +61,7 @@ fn on_signals(fs: Arc<Fs>, mountpoint: PathBuf, events: mpsc::Sender<Event>) {
     // SAFETY: waits on a valid set that every thread blocks.
     unsafe { libc::sigwait(&set, &mut sig) };
     log::info!("signal {sig}: committing pending writes and unmounting");
-    commit_pending(&fs);
+    fs.commit_all();
     if let Err(e) = unmount_path(&mountpoint, false) {
         log::info!("unmount: {e}; detaching the busy mount");
         if let Err(e) = unmount_path(&mountpoint, true) {
@@ -109,6 +103,8 @@ pub fn serve(
         Ok(s) => s,
         Err(e) => {
             log::error!("{e}");
+            // Released before the report: the next mount may start as soon as it is read.
+            drop(claims);
             let failed = Err(e);
             ready.report(&failed, warnings);
             return failed;
@@ -117,7 +113,7 @@ pub fn serve(
     let lock = match find_mount(mountpoint) {
         Some(entry) => {
             raise_readahead(&entry.dev);
-            MountLock::take(&entry.dev)
+            MountLock::take(&entry.dev, mountpoint, &fs.tree().model.files[0].path)
         }
         None => {
             log::warn!("{} is not in the mount table", mountpoint.display());
@@ -169,7 +165,7 @@ pub fn serve(
         Ok(Event::Unmounting) => match events_rx.recv_timeout(GRACE) {
             Ok(Event::Ended(r)) => r,
             Ok(Event::Unmounting) | Err(RecvTimeoutError::Timeout) => {
-                commit_pending(&fs);
+                fs.commit_all();
                 log::warn!("the mount is still in use {GRACE:?} after the signal: exiting");
                 Ok(())
             }

@@ -53,7 +53,24 @@ pub fn unmount_path(path: &Path, lazy: bool) -> Result<()> {
     run_fusermount(path, lazy)
 }
 
-/// `ptefs umount`: unmounts a ptefs mount and waits until its daemon has exited.
+/// Whether the FUSE mount at `path` has lost its daemon: the kernel answers what it must
+/// ask the daemon with `ENOTCONN`. `statfs` is always asked (attributes may come from the
+/// kernel's cache for an hour).
+pub fn daemon_gone(path: &Path) -> bool {
+    let Some(c) = c_path(path) else {
+        return false;
+    };
+    // SAFETY: zeroed memory is a valid statfs buffer.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid C string and buffer.
+    let r = unsafe { libc::statfs(c.as_ptr(), &mut st) };
+    r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOTCONN)
+}
+
+/// `ptefs umount`: unmounts a mount that a ptefs daemon of this user made, and waits until
+/// that daemon has exited. A mount is ptefs's when the daemon's record of it (`lock`) names
+/// this mountpoint, and that daemon still holds it, or is gone and left the mount dead. Any
+/// other mount is left alone, whatever it calls itself.
 pub fn umount(mountpoint: &Path) -> Result<()> {
     let path = absolute(mountpoint);
     let Some(entry) = find_mount(&path) else {
@@ -62,18 +79,34 @@ pub fn umount(mountpoint: &Path) -> Result<()> {
             format!("{}: not mounted", mountpoint.display()),
         ));
     };
-    if !entry.is_ptefs() {
-        return Err(Error::new(
-            libc::EINVAL,
-            format!(
-                "{}: not a ptefs mount (it is {} from {})",
-                mountpoint.display(),
-                entry.fstype,
-                entry.source
-            ),
-        ));
-    }
-    let lock = lock::open_lock(&entry.dev);
+    let record =
+        lock::mount_record(&entry.dev).filter(|r| r.mountpoint.as_deref() == Some(path.as_path()));
+    let record = match record {
+        Some(r) if r.held || daemon_gone(&path) => r,
+        _ => {
+            let what = if entry.is_ptefs() {
+                let dirs: Vec<String> = lock::runtime_dirs()
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect();
+                format!(
+                    "no ptefs daemon of this user made it (no record of it in {})",
+                    dirs.join(" or ")
+                )
+            } else {
+                "it is not a ptefs mount".to_string()
+            };
+            return Err(Error::new(
+                libc::EINVAL,
+                format!(
+                    "{}: {what}: it is {} from {}; not unmounted",
+                    mountpoint.display(),
+                    entry.fstype,
+                    entry.source
+                ),
+            ));
+        }
+    };
     // The kernel sends the release of a closed file after close() returned: a mount whose
     // last file was just closed can be busy for a moment.
     let deadline = Instant::now() + RELEASE_WAIT;
@@ -88,9 +121,11 @@ pub fn umount(mountpoint: &Path) -> Result<()> {
             }
         }
     }
-    match lock {
-        // The daemon holds the lock until it has committed everything and exited.
-        Some(lock) => lock::wait_for_daemon(&lock),
-        None => Ok(()),
+    if !record.held {
+        // The daemon died without unmounting: nothing to wait for, and its record is stale.
+        record.remove_if_abandoned();
+        return Ok(());
     }
+    // The daemon holds the lock until it has committed everything and exited.
+    lock::wait_for_daemon(&record.file)
 }

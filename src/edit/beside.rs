@@ -212,4 +212,37 @@ mod tests {
         let raw = OsStr::from_bytes(b"m\xff.pte");
         assert_eq!(name_for(raw, ".x").as_bytes(), b".m\xff.pte.x");
     }
+
+    /// Files beside a model are private to the model's owner, whoever runs the daemon
+    /// (as root, they are given to that owner), and never replace what has the name.
+    #[test]
+    fn files_beside_a_model_are_0600_and_the_models_owners() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.pte");
+        let src =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/linear.pte");
+        std::fs::copy(src, &p).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let root = unsafe { libc::geteuid() } == 0;
+        let (uid, gid) = if root {
+            (54321, 54322)
+        } else {
+            let m = std::fs::metadata(&p).unwrap();
+            (m.uid(), m.gid())
+        };
+        if root {
+            std::os::unix::fs::chown(&p, Some(uid), Some(gid)).unwrap();
+        }
+        let model = ModelFile::open_writable(&p).unwrap();
+        let beside = Beside::of(&model).unwrap();
+        let name = name_for(&model.name, ".ptefs-test");
+        drop(beside.create(&name).unwrap());
+        let meta = std::fs::symlink_metadata(dir.path().join(&name)).unwrap();
+        assert!(meta.is_file());
+        assert_eq!(meta.mode() & 0o7777, 0o600);
+        assert_eq!((meta.uid(), meta.gid()), (uid, gid));
+        let again = beside.create(&name).unwrap_err();
+        assert_eq!(again.errno(), libc::EEXIST, "{}", again.message());
+    }
 }

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 
 use super::source::{Bytes, Source};
-use super::validate::Plan;
+use super::validate::{Plan, Write};
 use crate::error::{Error, Result};
 use crate::format::safetensors::{self, Entry, Header};
 use crate::format::Model;
@@ -89,15 +89,21 @@ pub fn plan<'a>(
         } else {
             summary.changed.push(t.name.clone());
             summary.bytes += new.len();
-            writes.push((e.location, Bytes::Staged(new)));
+            writes.push(Write {
+                location: e.location,
+                bytes: Bytes::Staged(new),
+                of: Some(e.of),
+            });
         }
     }
-    writes.sort_by_key(|(l, _)| (l.file, l.range.start()));
+    // Tensors on one range are distinct tensors sharing bytes, which the commit keeps
+    // apart (`identity`); ranges that only partly overlap cannot be told apart.
+    writes.sort_by_key(|w| (w.location.file, w.location.range.start()));
     for pair in writes.windows(2) {
-        let (a, b) = (&pair[0].0, &pair[1].0);
-        if a.file == b.file && b.range.start() < a.range.end() {
+        let (a, b) = (&pair[0].location, &pair[1].location);
+        if a.file == b.file && b.range.start() < a.range.end() && a != b {
             return Err(Error::invalid(
-                "the update changes two tensors whose bytes overlap in the model file; update one at a time",
+                "the update changes two tensors whose bytes partly overlap in the model file; update one at a time",
             ));
         }
     }

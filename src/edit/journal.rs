@@ -1,8 +1,9 @@
 //! Crash-safe in-place writes: the new bytes of every changed range go to one checksummed,
-//! fsynced journal beside the file, then into the file through its descriptor (fsynced), then
-//! the journal is removed. At mount a whole journal is replayed and a torn one discarded, so
-//! after a crash at any moment the file holds entirely the old or entirely the new bytes of
-//! every range of a commit.
+//! fsynced journal beside the file (`begin`), then into the file through its descriptor
+//! (fsynced), then the journal is removed (`Journaled::finish`). At mount, or by `ptefs
+//! recover`, a whole journal is replayed and a torn one discarded, so after a crash at any
+//! moment the file holds entirely the old or entirely the new bytes of every range of a
+//! commit.
 //!
 //! Journal layout (little-endian): magic `PTEFSJ02`, u64 file size, u64 range count, per
 //! range u64 offset and u64 length, then the bytes of every range in order, then a CRC-32 of
@@ -88,6 +89,23 @@ fn check_ranges(writes: &[RangeWrite], file_len: u64, shown: &str) -> Result<()>
 pub fn write_in_place<G>(
     model: &ModelFile, writes: &[RangeWrite], exclusive: impl FnOnce() -> G,
 ) -> Result<()> {
+    begin(model, writes)?.finish(exclusive)
+}
+
+/// A commit whose journal is written and durable beside the model, and whose bytes are not
+/// in the model yet. `finish` writes them and removes the journal; dropping it instead leaves
+/// the journal in place, as a crash at that moment would, for `recover` to replay.
+pub struct Journaled<'a> {
+    model: &'a ModelFile,
+    writes: &'a [RangeWrite<'a>],
+    target: &'a File,
+    beside: Beside<'a>,
+    name: OsString,
+}
+
+/// The first half of `write_in_place`: checks the ranges and the file, then writes and
+/// fsyncs the journal (removing it again if that fails).
+pub fn begin<'a>(model: &'a ModelFile, writes: &'a [RangeWrite<'a>]) -> Result<Journaled<'a>> {
     let shown = model.path.display().to_string();
     let file_len = model.bytes().len() as u64;
     check_ranges(writes, file_len, &shown)?;
@@ -118,23 +136,39 @@ pub fn write_in_place<G>(
         let _ = beside.remove(&name);
         return Err(e.context(format!("journal {}", beside.shown(&name))));
     }
+    Ok(Journaled {
+        model,
+        writes,
+        target,
+        beside,
+        name,
+    })
+}
 
-    {
-        let _readers_wait = exclusive();
-        let mut result = Ok(());
-        let mut buf = Vec::new();
-        for (offset, bytes) in writes {
-            result = bytes.write_to(target, *offset, &mut buf);
-            if result.is_err() {
-                break;
+impl Journaled<'_> {
+    /// The second half of `write_in_place`: writes the ranges into the model and fsyncs it,
+    /// then removes the journal. If writing fails, the journal stays for the next recovery.
+    pub fn finish<G>(self, exclusive: impl FnOnce() -> G) -> Result<()> {
+        let shown = self.model.path.display();
+        {
+            let _readers_wait = exclusive();
+            let mut result = Ok(());
+            let mut buf = Vec::new();
+            for (offset, bytes) in self.writes {
+                result = bytes.write_to(self.target, *offset, &mut buf);
+                if result.is_err() {
+                    break;
+                }
             }
+            result.and_then(|_| self.target.sync_data()).map_err(|e| {
+                Error::io(
+                    format!("write {} range(s) into {shown}", self.writes.len()),
+                    e,
+                )
+            })?;
         }
-        result.and_then(|_| target.sync_data()).map_err(|e| {
-            // The journal stays: the next mount finishes the commit from it.
-            Error::io(format!("write {} range(s) into {shown}", writes.len()), e)
-        })?;
+        self.beside.remove(&self.name)
     }
-    beside.remove(&name)
 }
 
 fn write_journal(mut j: File, file_len: u64, writes: &[RangeWrite]) -> Result<()> {

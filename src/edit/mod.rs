@@ -8,6 +8,7 @@
 
 mod beside;
 pub mod bulk;
+pub mod identity;
 pub mod journal;
 pub mod relayout;
 mod requantize;
@@ -19,7 +20,7 @@ use crate::format::layout::{FileIndex, Location};
 use crate::format::{Model, WriteTarget};
 
 pub use source::{Bytes, Source};
-pub use validate::Plan;
+pub use validate::{Change, Owner, Plan, Write};
 
 /// What a commit did to the files.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,12 +36,18 @@ pub fn validate(model: &Model, target: &WriteTarget, data: Source) -> Result<()>
     validate::plan(model, target, data).map(|_| ())
 }
 
+/// How `data` becomes the new content of the file behind `target`: validated, with the
+/// tensors it writes kept apart from distinct tensors that share their bytes.
+pub fn plan<'a>(model: &Model, target: &WriteTarget, data: Source<'a>) -> Result<Plan<'a>> {
+    identity::separate(model, validate::plan(model, target, data)?)
+}
+
 /// Validates `data` as the new content of the file behind `target`, then writes it.
 /// `exclusive` is held while bytes that readers may be mapping change in place.
 pub fn commit<G>(
     model: &Model, target: &WriteTarget, data: Source, exclusive: impl Fn() -> G,
 ) -> Result<Outcome> {
-    commit_plan(model, validate::plan(model, target, data)?, exclusive)
+    commit_plan(model, plan(model, target, data)?, exclusive)
 }
 
 /// Writes what a validated `plan` says: in place, one journal per file, or by re-laying a
@@ -48,23 +55,23 @@ pub fn commit<G>(
 pub fn commit_plan<G>(model: &Model, plan: Plan, exclusive: impl Fn() -> G) -> Result<Outcome> {
     match plan {
         Plan::InPlace { mut writes } => {
-            writes.sort_by_key(|(l, _)| (l.file, l.range.start()));
-            let ranges: Vec<Location> = writes.iter().map(|(l, _)| *l).collect();
+            writes.sort_by_key(|w| (w.location.file, w.location.range.start()));
+            let ranges: Vec<Location> = writes.iter().map(|w| w.location).collect();
             // One journal per file: the ranges of one file change together.
             let mut at = 0;
             if writes.is_empty() {
                 return Ok(Outcome::InPlace { ranges });
             }
             while at < writes.len() {
-                let file = writes[at].0.file;
+                let file = writes[at].location.file;
                 let end = at
                     + writes[at..]
                         .iter()
-                        .take_while(|(l, _)| l.file == file)
+                        .take_while(|w| w.location.file == file)
                         .count();
                 let ranges: Vec<journal::RangeWrite> = writes[at..end]
                     .iter()
-                    .map(|(l, b)| (l.range.start(), b.source()))
+                    .map(|w| (w.location.range.start(), w.bytes.source()))
                     .collect();
                 journal::write_in_place(&model.files[file], &ranges, &exclusive)?;
                 at = end;
@@ -74,6 +81,19 @@ pub fn commit_plan<G>(model: &Model, plan: Plan, exclusive: impl Fn() -> G) -> R
         Plan::Relayout { file, change } => {
             relayout::rewrite(model, file, &change)?;
             Ok(Outcome::Relayout { file })
+        }
+        Plan::Separate {
+            relayouts,
+            in_place,
+        } => {
+            // Each file changes atomically on its own: re-laid-out files by their rename,
+            // the others through their journal.
+            let first = relayouts.first().map(|(f, _)| *f);
+            for (file, change) in &relayouts {
+                relayout::rewrite(model, *file, change)?;
+            }
+            let rest = commit_plan(model, Plan::InPlace { writes: in_place }, exclusive)?;
+            Ok(first.map_or(rest, |file| Outcome::Relayout { file }))
         }
     }
 }

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::beside::{name_for, Beside, NAME_MAX};
 use super::source::Source;
-use super::validate::Change;
+use super::validate::{Change, Owner};
 use crate::error::{Error, Result};
 use crate::format::generated::{ptd_fb, pte_fb};
 use crate::format::layout::FileIndex;
@@ -103,6 +103,12 @@ pub fn segment_alignment(base: u64, relative_offsets: &[u64]) -> u64 {
 enum SegmentSource<'a> {
     Old(ByteRange),
     New(Source<'a>),
+    /// An old segment followed by new pieces, each after zero padding (constant buffers
+    /// appended to the constant segment).
+    Extended {
+        old: ByteRange,
+        tail: Vec<(u64, Source<'a>)>,
+    },
 }
 
 /// Rewrites file `file` of `model` with `change` applied.
@@ -118,7 +124,7 @@ pub fn rewrite(model: &Model, file: FileIndex, change: &Change) -> Result<()> {
     let out = beside.create(&tmp)?;
     let shown = beside.shown(&tmp);
     let result = write_new_file(mf, out, &shown, &plan)
-        .and_then(|out| check_new_file(mf, out, &shown, &plan.sources))
+        .and_then(|out| check_new_file(mf, out, &shown, &plan))
         .and_then(|_| beside.replace_model(&tmp));
     if result.is_err() {
         let _ = beside.remove(&tmp);
@@ -126,7 +132,8 @@ pub fn rewrite(model: &Model, file: FileIndex, change: &Change) -> Result<()> {
     result
 }
 
-/// The new file: its program region, then each segment at its offset from the base.
+/// The new file: its program region, then each segment at its offset from the base, then
+/// same-size patches at their new places.
 struct NewLayout<'a> {
     /// Header and flatbuffer, up to where padding before the segments starts.
     head: Vec<u8>,
@@ -139,6 +146,8 @@ struct NewLayout<'a> {
     /// `segment_data_size`: where the last segment ends, from `base` (an empty segment
     /// placed last still counts its aligned offset).
     data_size: u64,
+    /// Bytes written over the copied segments: (offset in the new file, bytes).
+    patches: Vec<(u64, Source<'a>)>,
 }
 
 fn segment_sources<'a>(
@@ -161,13 +170,18 @@ fn source_len(s: &SegmentSource) -> u64 {
     match s {
         SegmentSource::Old(r) => r.len(),
         SegmentSource::New(d) => d.len(),
+        SegmentSource::Extended { old, tail } => {
+            tail.iter().fold(old.len(), |n, (pad, d)| n + pad + d.len())
+        }
     }
 }
 
-/// Segment order by original position (ties by index), as ExecuTorch placed them.
-fn original_order(segments: &[ByteRange]) -> Vec<usize> {
+/// Segment order by original position (ties by index), as ExecuTorch placed them; segments
+/// added by the change come last, in the order they were added.
+fn original_order(segments: &[ByteRange], total: usize) -> Vec<usize> {
     let mut order: Vec<usize> = (0..segments.len()).collect();
     order.sort_by_key(|&i| (segments[i].start(), i));
+    order.extend(segments.len()..total);
     order
 }
 
@@ -175,7 +189,7 @@ fn new_offsets(
     segments: &[ByteRange], sources: &[SegmentSource], alignment: u64,
 ) -> Result<(Vec<u64>, u64)> {
     let sizes: Vec<u64> = sources.iter().map(source_len).collect();
-    let offsets = place_segments(&sizes, &original_order(segments), alignment)
+    let offsets = place_segments(&sizes, &original_order(segments, sizes.len()), alignment)
         .ok_or_else(|| Error::invalid("segment layout overflows 64 bits"))?;
     let data_size = offsets
         .iter()
@@ -221,14 +235,20 @@ fn plan_pte<'a>(
             })?;
         slot.data = Some(data.clone());
     }
-    let sources = segment_sources(&pte.segments, change)?;
-    let (offsets, data_size) = new_offsets(&pte.segments, &sources, alignment)?;
-    if let Some(segs) = program.segments.as_mut() {
-        for (i, s) in segs.iter_mut().enumerate() {
-            s.offset = offsets[i];
-            s.size = source_len(&sources[i]);
+    let mut sources = segment_sources(&pte.segments, change)?;
+    if let Change::OwnBytes { own, .. } = change {
+        for (owner, data) in own {
+            give_own_bytes_pte(&mut program, &mut sources, pte, owner, data.source())?;
         }
     }
+    let (offsets, data_size) = new_offsets(&pte.segments, &sources, alignment)?;
+    let segs = program.segments.get_or_insert_with(Vec::new);
+    segs.resize_with(sources.len(), Default::default);
+    for (i, s) in segs.iter_mut().enumerate() {
+        s.offset = offsets[i];
+        s.size = source_len(&sources[i]);
+    }
+    let patches = placed_patches(change, &pte.segments, &sources, &offsets)?;
     let fb = pack_program(&program, inline_alignment);
     let (head, base) = pte_program_region(
         &fb,
@@ -243,7 +263,161 @@ fn plan_pte<'a>(
         sources,
         offsets,
         data_size,
+        patches,
     })
+}
+
+/// Buffers start at multiples of this within a constant or mutable segment: the largest
+/// power of two dividing every non-zero offset (ExecuTorch's 16 when they say nothing; more
+/// padding than a mutable segment needs is harmless).
+fn buffer_alignment(offsets: &[u64]) -> u64 {
+    offsets
+        .iter()
+        .filter(|&&o| o > 0)
+        .map(|&o| power_of_two_of(o))
+        .min()
+        .unwrap_or(16)
+        .clamp(16, MAX_ALIGNMENT)
+}
+
+/// Appends `data` as a new buffer of the segment that `table` describes (the constant
+/// segment, or the mutable initial states), after padding to the table's alignment; returns
+/// the new buffer's index.
+fn append_buffer<'a>(
+    table: &mut pte_fb::SubsegmentOffsetsT, sources: &mut [SegmentSource<'a>], old_count: usize,
+    data: Source<'a>,
+) -> Result<usize> {
+    let seg = table.segment_index as usize;
+    if seg >= old_count {
+        return Err(Error::invalid(format!(
+            "buffer segment {seg} does not exist (the file has {old_count})"
+        )));
+    }
+    let offsets = table.offsets.get_or_insert_with(Vec::new);
+    let align = buffer_alignment(offsets);
+    let slot = &mut sources[seg];
+    if let SegmentSource::Old(r) = slot {
+        *slot = SegmentSource::Extended {
+            old: *r,
+            tail: Vec::new(),
+        };
+    }
+    let len = source_len(slot);
+    let SegmentSource::Extended { tail, .. } = slot else {
+        return Err(Error::invalid(format!(
+            "segment {seg} holds buffers and is replaced in the same commit"
+        )));
+    };
+    let at = crate::format::range::align_up(len, align)
+        .ok_or_else(|| Error::invalid(format!("segment {seg} overflows")))?;
+    tail.push((at - len, data));
+    // An empty table still has its placeholder at index 0.
+    if offsets.is_empty() {
+        offsets.push(0);
+    }
+    offsets.push(at);
+    Ok(offsets.len() - 1)
+}
+
+/// Gives one tensor of the program bytes of its own: a named-data entry a new segment;
+/// constant values a new buffer appended to the constant segment (or, in files from before
+/// the constant segment, to the inline constant buffers); mutable values a new buffer of the
+/// initial states the runtime reads (`mutable_data_segments[0]`).
+fn give_own_bytes_pte<'a>(
+    program: &mut pte_fb::ProgramT, sources: &mut Vec<SegmentSource<'a>>,
+    pte: &crate::format::pte::Pte, owner: &Owner, data: Source<'a>,
+) -> Result<()> {
+    let (mutable, values) = match owner {
+        Owner::Key { index } => {
+            let segment =
+                u32::try_from(sources.len()).map_err(|_| Error::invalid("too many segments"))?;
+            let entry = program
+                .named_data
+                .as_mut()
+                .and_then(|v| v.get_mut(*index))
+                .ok_or_else(|| Error::invalid(format!("named data {index} does not exist")))?;
+            entry.segment_index = segment;
+            sources.push(SegmentSource::New(data));
+            return Ok(());
+        }
+        Owner::Buffer { mutable, values } => (*mutable, values),
+    };
+    let old_count = pte.segments.len();
+    let index = if mutable {
+        let table = program
+            .mutable_data_segments
+            .as_mut()
+            .and_then(|t| t.first_mut())
+            .ok_or_else(|| Error::invalid("the program has no mutable data segment"))?;
+        append_buffer(table, sources, old_count, data)?
+    } else {
+        match program
+            .constant_segment
+            .as_deref_mut()
+            .filter(|c| c.offsets.as_ref().is_some_and(|o| !o.is_empty()))
+        {
+            Some(table) => append_buffer(table, sources, old_count, data)?,
+            None => {
+                let buffers = program.constant_buffer.get_or_insert_with(Vec::new);
+                buffers.push(pte_fb::BufferT {
+                    storage: Some(data.head(data.len())?),
+                });
+                buffers.len() - 1
+            }
+        }
+    };
+    let index = u32::try_from(index).map_err(|_| Error::invalid("too many buffers"))?;
+    for &(plan, value) in values {
+        let tensor = program
+            .execution_plan
+            .as_mut()
+            .and_then(|p| p.get_mut(plan))
+            .and_then(|p| p.values.as_mut())
+            .and_then(|v| v.get_mut(value))
+            .and_then(|v| match &mut v.val {
+                pte_fb::KernelTypesT::Tensor(t) => Some(t),
+                _ => None,
+            })
+            .ok_or_else(|| {
+                Error::invalid(format!("value {value} of plan {plan} is not a tensor"))
+            })?;
+        tensor.data_buffer_idx = index;
+    }
+    Ok(())
+}
+
+/// Where the change's same-size patches go in the new file: each lies inside one old
+/// segment, which moved as a whole.
+fn placed_patches<'a>(
+    change: &'a Change<'a>, old: &[ByteRange], sources: &[SegmentSource], offsets: &[u64],
+) -> Result<Vec<(u64, Source<'a>)>> {
+    let Change::OwnBytes { patches, .. } = change else {
+        return Ok(Vec::new());
+    };
+    let mut placed = Vec::with_capacity(patches.len());
+    for (range, data) in patches {
+        let seg = old
+            .iter()
+            .enumerate()
+            .find(|(i, r)| {
+                r.start() <= range.start()
+                    && range.end() <= r.end()
+                    && matches!(
+                        sources[*i],
+                        SegmentSource::Old(_) | SegmentSource::Extended { .. }
+                    )
+            })
+            .map(|(i, r)| (i, r.start()));
+        let Some((i, start)) = seg else {
+            return Err(Error::invalid(format!(
+                "bytes {}..{} are not inside a segment the commit keeps",
+                range.start(),
+                range.end()
+            )));
+        };
+        placed.push((offsets[i] + (range.start() - start), data.source()));
+    }
+    Ok(placed)
 }
 
 fn plan_ptd<'a>(ptd: &crate::format::ptd::Ptd, change: &'a Change) -> Result<NewLayout<'a>> {
@@ -251,14 +425,31 @@ fn plan_ptd<'a>(ptd: &crate::format::ptd::Ptd, change: &'a Change) -> Result<New
     let base = ptd.header.segment_base_offset;
     let rel: Vec<u64> = ptd.segments.iter().map(|r| r.start() - base).collect();
     let alignment = segment_alignment(base, &rel);
-    let sources = segment_sources(&ptd.segments, change)?;
-    let (offsets, data_size) = new_offsets(&ptd.segments, &sources, alignment)?;
-    if let Some(segs) = ft.segments.as_mut() {
-        for (i, s) in segs.iter_mut().enumerate() {
-            s.offset = offsets[i];
-            s.size = source_len(&sources[i]);
+    let mut sources = segment_sources(&ptd.segments, change)?;
+    if let Change::OwnBytes { own, .. } = change {
+        for (owner, data) in own {
+            let Owner::Key { index } = *owner else {
+                return Err(Error::invalid("a .ptd has no program buffers"));
+            };
+            let segment =
+                u32::try_from(sources.len()).map_err(|_| Error::invalid("too many segments"))?;
+            let entry = ft
+                .named_data
+                .as_mut()
+                .and_then(|v| v.get_mut(index))
+                .ok_or_else(|| Error::invalid(format!("named data {index} does not exist")))?;
+            entry.segment_index = segment;
+            sources.push(SegmentSource::New(data.source()));
         }
     }
+    let (offsets, data_size) = new_offsets(&ptd.segments, &sources, alignment)?;
+    let segs = ft.segments.get_or_insert_with(Vec::new);
+    segs.resize_with(sources.len(), Default::default);
+    for (i, s) in segs.iter_mut().enumerate() {
+        s.offset = offsets[i];
+        s.size = source_len(&sources[i]);
+    }
+    let patches = placed_patches(change, &ptd.segments, &sources, &offsets)?;
     let fb = pack_flat_tensor(&ft);
     let (head, base) = ptd_program_region(&fb, alignment, data_size);
     Ok(NewLayout {
@@ -267,6 +458,7 @@ fn plan_ptd<'a>(ptd: &crate::format::ptd::Ptd, change: &'a Change) -> Result<New
         sources,
         offsets,
         data_size,
+        patches,
     })
 }
 
@@ -290,45 +482,12 @@ fn write_zeros(out: &mut File, n: u64) -> std::io::Result<()> {
 fn copy_range(
     src: &File, dst: &mut File, offset: u64, len: u64, dst_offset: u64,
 ) -> std::io::Result<()> {
-    let mut off_in = offset as libc::loff_t;
-    let mut off_out = dst_offset as libc::loff_t;
-    let mut left = len;
-    while left > 0 {
-        let chunk = left.min(1 << 30) as usize;
-        // SAFETY: both descriptors are open; the offsets are plain integers owned here.
-        let n = unsafe {
-            libc::copy_file_range(
-                src.as_raw_fd(),
-                &mut off_in,
-                dst.as_raw_fd(),
-                &mut off_out,
-                chunk,
-                0,
-            )
-        };
-        if n < 0 {
-            let err = std::io::Error::last_os_error();
-            match err.raw_os_error() {
-                Some(libc::EXDEV)
-                | Some(libc::ENOSYS)
-                | Some(libc::EINVAL)
-                | Some(libc::EOPNOTSUPP) => {
-                    return copy_range_buffered(src, dst, off_in as u64, left, off_out as u64);
-                }
-                Some(libc::EINTR) => continue,
-                _ => return Err(err),
-            }
-        }
-        if n == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "the source file is shorter than expected",
-            ));
-        }
-        left -= n as u64;
+    let done = super::source::copy_in_kernel(src, offset, dst, dst_offset, len)?;
+    if done < len {
+        return copy_range_buffered(src, dst, offset + done, len - done, dst_offset + done);
     }
     use std::io::{Seek, SeekFrom};
-    dst.seek(SeekFrom::Start(off_out as u64))?;
+    dst.seek(SeekFrom::Start(dst_offset + len))?;
     Ok(())
 }
 
@@ -357,6 +516,7 @@ fn write_new_file(mf: &ModelFile, mut out: File, shown: &str, plan: &NewLayout) 
         sources,
         offsets,
         data_size,
+        ..
     } = plan;
     let base = *base;
     let src = mf
@@ -382,9 +542,27 @@ fn write_new_file(mf: &ModelFile, mut out: File, shown: &str, plan: &NewLayout) 
                 .map_err(io(format!("write {shown}")))?,
             SegmentSource::Old(r) => copy_range(src, &mut out, r.start(), r.len(), at)
                 .map_err(io(format!("copy segment {i} into {shown}")))?,
+            SegmentSource::Extended { old, tail } => {
+                copy_range(src, &mut out, old.start(), old.len(), at)
+                    .map_err(io(format!("copy segment {i} into {shown}")))?;
+                let mut end = at + old.len();
+                for (pad, d) in tail {
+                    write_zeros(&mut out, *pad)
+                        .and_then(|_| d.write_to(&out, end + pad, &mut buf))
+                        .and_then(|_| out.seek(SeekFrom::Start(end + pad + d.len())).map(|_| ()))
+                        .map_err(io(format!("write {shown}")))?;
+                    end += pad + d.len();
+                }
+            }
         }
         pos = at + len;
     }
+    for (at, d) in &plan.patches {
+        d.write_to(&out, base + at, &mut buf)
+            .map_err(io(format!("write {shown}")))?;
+    }
+    out.seek(SeekFrom::Start(pos))
+        .map_err(io(format!("write {shown}")))?;
     // The file reaches the end its header declares: past an empty segment placed last, and
     // (when there are segment bytes) at least to the segment base.
     let end = if sources.iter().any(|s| source_len(s) > 0) || *data_size > 0 {
@@ -407,9 +585,8 @@ fn write_new_file(mf: &ModelFile, mut out: File, shown: &str, plan: &NewLayout) 
 
 /// Parses the new file back: it must open cleanly and its segments must have the sizes and
 /// bytes planned (unchanged segments are compared by size; their bytes were copied verbatim).
-fn check_new_file(
-    old: &ModelFile, out: File, shown: &str, sources: &[SegmentSource],
-) -> Result<()> {
+fn check_new_file(old: &ModelFile, out: File, shown: &str, plan: &NewLayout) -> Result<()> {
+    let sources = &plan.sources;
     let new = ModelFile::from_file(PathBuf::from(shown), out, None, false).map_err(|e| {
         Error::new(
             libc::EIO,
@@ -432,14 +609,39 @@ fn check_new_file(
         ));
     }
     for (i, (r, s)) in segs.iter().zip(sources).enumerate() {
+        let bytes = &new.bytes()[r.as_usize()];
         let ok = match s {
             SegmentSource::Old(o) => r.len() == o.len(),
-            SegmentSource::New(d) => d.equals(&new.bytes()[r.as_usize()], &mut Vec::new()),
+            SegmentSource::New(d) => d.equals(bytes, &mut Vec::new()),
+            SegmentSource::Extended { old, tail } => {
+                let mut at = old.len() as usize;
+                r.len() == source_len(s)
+                    && tail.iter().all(|(pad, d)| {
+                        at += *pad as usize;
+                        let piece = &bytes[at..at + d.len() as usize];
+                        at += d.len() as usize;
+                        d.equals(piece, &mut Vec::new())
+                    })
+            }
         };
         if !ok {
             return Err(Error::new(
                 libc::EIO,
                 format!("the re-laid-out file's segment {i} does not hold the planned bytes"),
+            ));
+        }
+    }
+    let base = match &new.kind {
+        Kind::Pte(n) => n.header.segment_base_offset(),
+        Kind::Ptd(n) => n.header.segment_base_offset,
+    };
+    for (at, d) in &plan.patches {
+        let start = (base + at) as usize;
+        let piece = new.bytes().get(start..start + d.len() as usize);
+        if !piece.is_some_and(|p| d.equals(p, &mut Vec::new())) {
+            return Err(Error::new(
+                libc::EIO,
+                format!("the re-laid-out file does not hold the bytes written at {start}"),
             ));
         }
     }

@@ -7,17 +7,20 @@
 //!
 //! Invariants: the value is found again in the payload as it is on disk now (the tree that
 //! showed the view may be older); nothing is written unless the whole array re-quantizes;
-//! bytes that another XNNPACK value reads (its constant or its scales) are never rewritten
-//! (the write is refused instead); every write of one commit lies in one file, so the
-//! weights, their scales and a rescaled bias change together or not at all.
+//! a named-data key (or payload bytes) that another XNNPACK value reads too, as its
+//! constant or its scales, is never rewritten (the write is refused instead; a key that
+//! merely shares its segment with another key gets bytes of its own, see `identity`);
+//! every write of one commit lies in one file, so the weights, their scales and a rescaled
+//! bias change together or not at all.
 
 use super::source::{Bytes, Source};
-use super::validate::Plan;
+use super::validate::{Plan, Write};
 use crate::backend::xnnpack::placed::{locate, scale_plan, Placed, ScalePlan};
-use crate::backend::xnnpack::{self, KeyRole, XnnGraph};
+use crate::backend::xnnpack::{self, ConstantRef, KeyRole, XnnGraph};
 use crate::backend::{decode_payload, BackendView};
 use crate::error::{Error, Result};
 use crate::format::layout::Location;
+use crate::format::sharing::TensorId;
 use crate::format::{npy, Model};
 
 /// The decoded payload of delegate `delegate` of plan `plan`, and where it is.
@@ -111,12 +114,32 @@ fn for_each_window(
     Ok(())
 }
 
-/// One range a re-quantizing commit writes, and the value (with its role) whose bytes it is.
-struct Write {
+/// One range a re-quantizing commit writes: new bytes for the constant or the scales
+/// (`role`) of value `value`, which `source` names.
+struct Update {
     at: Location,
     bytes: Vec<u8>,
     value: u32,
     role: KeyRole,
+    source: ConstantRef,
+}
+
+impl Update {
+    /// The write a plan carries: with the named-data entry it belongs to, so that a key
+    /// whose segment another key shares gets bytes of its own.
+    fn into_write(self, model: &Model) -> Write<'static> {
+        let of = match &self.source {
+            ConstantRef::Named { key, .. } => model
+                .named_blob(key)
+                .map(|(file, k, _)| TensorId::key(file, k)),
+            ConstantRef::Payload { .. } => None,
+        };
+        Write {
+            location: self.at,
+            bytes: Bytes::Owned(self.bytes),
+            of,
+        }
+    }
 }
 
 /// What a value reads with `role`, for messages.
@@ -135,22 +158,43 @@ fn cut(l: Location, len: u64) -> Location {
     }
 }
 
-/// Refuses `writes` when another XNNPACK value of the model (in any decoded payload) reads
-/// bytes they change, as its constant or its scales: new weights or fresh scales would
+/// Whether two references name the same bytes: one named-data entry (as the runtime finds
+/// keys), or overlapping bytes of the payload at `payload`.
+fn same_bytes(
+    model: &Model, a: &ConstantRef, a_payload: Location, b: &ConstantRef, b_payload: Location,
+) -> bool {
+    match (a, b) {
+        (ConstantRef::Named { key: x, .. }, ConstantRef::Named { key: y, .. }) => {
+            let entry = |k: &str| model.named_blob(k).map(|(file, index, _)| (file, index));
+            x == y || entry(x).is_some_and(|e| Some(e) == entry(y))
+        }
+        (ConstantRef::Payload { .. }, ConstantRef::Payload { .. }) => {
+            match (locate(model, a_payload, a), locate(model, b_payload, b)) {
+                (Some(l), Some(m)) => {
+                    l.file == m.file
+                        && l.range.start() < m.range.end()
+                        && m.range.start() < l.range.end()
+                }
+                _ => false,
+            }
+        }
+        _ => false,
+    }
+}
+
+/// Refuses `updates` when another XNNPACK value of the model (in any decoded payload) reads
+/// what they change, as its constant or its scales: new weights or fresh scales would
 /// silently change that value too.
 fn refuse_shared(
-    model: &Model, plan: usize, delegate: usize, what: &str, writes: &[Write],
+    model: &Model, plan: usize, delegate: usize, payload: Location, what: &str, updates: &[Update],
 ) -> Result<()> {
     let Some(pte) = model.pte() else {
         return Ok(());
     };
     let plans = pte.program.execution_plan.as_deref().unwrap_or_default();
-    let overlaps = |a: &Location, b: &Location| {
-        a.file == b.file && a.range.start() < b.range.end() && b.range.start() < a.range.end()
-    };
     for (p, pl) in plans.iter().enumerate() {
         for j in 0..pl.delegates.as_ref().map_or(0, Vec::len) {
-            let Ok((g, payload)) = decoded(model, p, j) else {
+            let Ok((g, other_payload)) = decoded(model, p, j) else {
                 continue;
             };
             for v in &g.values {
@@ -164,21 +208,19 @@ fn refuse_shared(
                     (KeyRole::Scale, scales),
                 ];
                 for (role, r) in reads {
-                    let Some(l) = r.and_then(|r| locate(model, payload, &r)) else {
-                        continue;
-                    };
-                    let hit = writes.iter().find(|w| {
-                        overlaps(&w.at, &l)
-                            && (p, j, v.id, role) != (plan, delegate, w.value, w.role)
+                    let Some(r) = r else { continue };
+                    let hit = updates.iter().find(|u| {
+                        (p, j, v.id, role) != (plan, delegate, u.value, u.role)
+                            && same_bytes(model, &u.source, payload, &r, other_payload)
                     });
-                    if let Some(w) = hit {
+                    if let Some(u) = hit {
                         return Err(Error::invalid(format!(
                             "{what}: value %{} of plan {p} delegate {j} reads the {} of %{} (in {}) too, as its own {}: \
                              re-quantizing would change that value as well; write the raw bytes (.bin or .npy) instead",
                             v.id,
-                            part(w.role),
-                            w.value,
-                            model.files[w.at.file].path.display(),
+                            part(u.role),
+                            u.value,
+                            model.files[u.at.file].path.display(),
                             part(role),
                         )));
                     }
@@ -189,13 +231,13 @@ fn refuse_shared(
     Ok(())
 }
 
-/// Refuses `writes` that span more than one file: a commit is atomic within one file only.
-fn refuse_several_files(model: &Model, what: &str, writes: &[Write]) -> Result<()> {
-    let Some(first) = writes.first() else {
+/// Refuses `updates` that span more than one file: a commit is atomic within one file only.
+fn refuse_several_files(model: &Model, what: &str, updates: &[Update]) -> Result<()> {
+    let Some(first) = updates.first() else {
         return Ok(());
     };
-    if let Some(w) = writes.iter().find(|w| w.at.file != first.at.file) {
-        let name = |w: &Write| model.files[w.at.file].path.display().to_string();
+    if let Some(w) = updates.iter().find(|w| w.at.file != first.at.file) {
+        let name = |w: &Update| model.files[w.at.file].path.display().to_string();
         return Err(Error::invalid(format!(
             "{what}: the {} of %{} are in {} and the {} of %{} in {}; a commit is atomic within one file only, so they cannot change together",
             part(first.role),
@@ -215,7 +257,7 @@ fn refuse_several_files(model: &Model, what: &str, writes: &[Write]) -> Result<(
 fn rescale_bias(
     model: &Model, payload: Location, graph: &XnnGraph, filter: &str, id: u32, old: &[f32],
     new: &[f32],
-) -> Result<[Write; 2]> {
+) -> Result<[Update; 2]> {
     let b = graph
         .value(id)
         .ok_or_else(|| Error::new(libc::ESTALE, format!("{filter}: its bias %{id} is gone")))?;
@@ -273,18 +315,31 @@ fn rescale_bias(
     layout
         .store_scale_values(&scales, &mut scale_bytes)
         .map_err(refuse)?;
+    let (Some(source), Some(scale_source)) = (
+        b.constant.clone(),
+        b.quant
+            .as_ref()
+            .and_then(|q| q.scale_ref())
+            .map(|s| s.bytes),
+    ) else {
+        return Err(Error::invalid(format!(
+            "{what}: its bytes or scales are not at hand"
+        )));
+    };
     Ok([
-        Write {
+        Update {
             at: data_at,
             bytes: data,
             value: id,
             role: KeyRole::Constant,
+            source,
         },
-        Write {
+        Update {
             at: scales_at,
             bytes: scale_bytes,
             value: id,
             role: KeyRole::Scale,
+            source: scale_source,
         },
     ])
 }
@@ -349,6 +404,15 @@ pub fn plan<'a>(
     let refuse = |e: xnnpack::QuantError| Error::invalid(format!("%{value}: {}", e.message()));
     let data_at = cut(placed.data, layout.data_nbytes());
     let scales_at = placed.scales.map(|l| cut(l, layout.scale_nbytes()));
+    let source = v
+        .constant
+        .clone()
+        .ok_or_else(|| Error::new(libc::ESTALE, format!("{what}: no longer a constant")))?;
+    let scale_source = v
+        .quant
+        .as_ref()
+        .and_then(|q| q.scale_ref())
+        .map(|s| s.bytes);
     let bytes_of = |l: &Location| &model.files[l.file].bytes()[l.range.as_usize()];
     let stored = scales_at.as_ref().map_or(&[][..], bytes_of);
     // As many bytes as the constant has in the file (Placed checked), like the scales below.
@@ -367,17 +431,20 @@ pub fn plan<'a>(
                         ))
                     })
             })?;
-            writes.push(Write {
+            writes.push(Update {
                 at: data_at,
                 bytes: weights,
                 value,
                 role: KeyRole::Constant,
+                source,
             });
         }
         ScalePlan::Fresh { biases } => {
-            let scales_at = scales_at.ok_or_else(|| {
-                Error::invalid(format!("{what}: its scales are not at hand to be replaced"))
-            })?;
+            let (Some(scales_at), Some(scale_source)) = (scales_at, scale_source) else {
+                return Err(Error::invalid(format!(
+                    "{what}: its scales are not at hand to be replaced"
+                )));
+            };
             let old = layout.scale_values(stored).map_err(refuse)?;
             let mut scales = vec![0u8; layout.scale_nbytes() as usize];
             // Whole scales per window: one pass. Else the largest magnitudes first, then the
@@ -407,30 +474,29 @@ pub fn plan<'a>(
                 })?;
             }
             let new = layout.scale_values(&scales).map_err(refuse)?;
-            writes.push(Write {
+            writes.push(Update {
                 at: data_at,
                 bytes: weights,
                 value,
                 role: KeyRole::Constant,
+                source,
             });
-            writes.push(Write {
+            writes.push(Update {
                 at: scales_at,
                 bytes: scales,
                 value,
                 role: KeyRole::Scale,
+                source: scale_source,
             });
             for b in biases {
                 writes.extend(rescale_bias(model, payload, &graph, &what, b, &old, &new)?);
             }
         }
     }
-    refuse_shared(model, plan, delegate, &what, &writes)?;
+    refuse_shared(model, plan, delegate, payload, &what, &writes)?;
     refuse_several_files(model, &what, &writes)?;
     Ok(Plan::InPlace {
-        writes: writes
-            .into_iter()
-            .map(|w| (w.at, Bytes::Owned(w.bytes)))
-            .collect(),
+        writes: writes.into_iter().map(|u| u.into_write(model)).collect(),
     })
 }
 

@@ -122,7 +122,7 @@ impl<'a> Source<'a> {
     /// Writes the content at `at` of `out`: in the kernel from a file source when it can.
     pub fn write_to(&self, out: &File, at: u64, buf: &mut Vec<u8>) -> io::Result<()> {
         if let Source::File { file, offset, len } = self {
-            if copy_in_kernel(file, *offset, out, at, *len)? {
+            if copy_in_kernel(file, *offset, out, at, *len)? == *len {
                 return Ok(());
             }
         }
@@ -175,11 +175,11 @@ impl<'a> Source<'a> {
     }
 }
 
-/// `copy_file_range` of `len` bytes; false when the kernel cannot do it for these files (the
-/// caller copies through a buffer).
-fn copy_in_kernel(
+/// `copy_file_range` of `len` bytes; returns how many it copied, fewer when the kernel
+/// cannot copy between these files (the caller copies the rest through a buffer).
+pub(super) fn copy_in_kernel(
     src: &File, src_off: u64, dst: &File, dst_off: u64, len: u64,
-) -> io::Result<bool> {
+) -> io::Result<u64> {
     let mut off_in = src_off as libc::loff_t;
     let mut off_out = dst_off as libc::loff_t;
     let mut left = len;
@@ -199,10 +199,8 @@ fn copy_in_kernel(
         if n < 0 {
             let err = io::Error::last_os_error();
             return match err.raw_os_error() {
-                Some(libc::EXDEV | libc::ENOSYS | libc::EINVAL | libc::EOPNOTSUPP)
-                    if left == len =>
-                {
-                    Ok(false)
+                Some(libc::EXDEV | libc::ENOSYS | libc::EINVAL | libc::EOPNOTSUPP) => {
+                    Ok(len - left)
                 }
                 Some(libc::EINTR) => continue,
                 _ => Err(err),
@@ -216,5 +214,5 @@ fn copy_in_kernel(
         }
         left -= n as u64;
     }
-    Ok(true)
+    Ok(len)
 }

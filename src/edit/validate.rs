@@ -3,6 +3,8 @@
 
 use crate::format::generated::pte_fb;
 use crate::format::layout::{FileIndex, Location, TensorShape};
+use crate::format::range::ByteRange;
+use crate::format::sharing::TensorId;
 use crate::format::{npy, Model, WriteTarget};
 use crate::format::{scalar_type, Kind};
 
@@ -10,24 +12,81 @@ use super::source::{Bytes, Source};
 use crate::error::{Error, Result};
 
 /// A size-changing edit of one file.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub enum Change<'a> {
     /// New bytes for segment `index`.
     Segment { index: usize, data: Source<'a> },
     /// New bytes for `Program.backend_delegate_data[index]`.
     InlineDelegate { index: usize, data: Vec<u8> },
+    /// Tensors given bytes of their own, because the bytes they shared belong to distinct
+    /// tensors too (DESIGN.md §2.3), with same-size writes of other ranges of the file.
+    OwnBytes {
+        own: Vec<(Owner, Bytes<'a>)>,
+        /// Same-size replacements of ranges inside the file's segments.
+        patches: Vec<(ByteRange, Bytes<'a>)>,
+    },
+}
+
+/// A tensor given bytes of its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owner {
+    /// Named-data entry `index` of the file: it gets a segment of its own.
+    Key { index: usize },
+    /// Values of the program, as (plan, value), that are one tensor (one parameter used by
+    /// several methods): they get one new buffer of the constant segment, or of the mutable
+    /// initial states when `mutable`.
+    Buffer {
+        mutable: bool,
+        values: Vec<(usize, usize)>,
+    },
+}
+
+/// A same-size write: new bytes for a byte range, and the tensor they belong to (none for
+/// raw segments and delegate payloads, which are not tensors).
+#[derive(Debug)]
+pub struct Write<'a> {
+    pub location: Location,
+    pub bytes: Bytes<'a>,
+    pub of: Option<TensorId>,
 }
 
 #[derive(Debug)]
 pub enum Plan<'a> {
     /// Same-size replacements of these ranges.
     InPlace {
-        writes: Vec<(Location, Bytes<'a>)>,
+        writes: Vec<Write<'a>>,
     },
     Relayout {
         file: FileIndex,
         change: Change<'a>,
     },
+    /// Files re-laid out (tensors given bytes of their own), and same-size writes into
+    /// the other files.
+    Separate {
+        relayouts: Vec<(FileIndex, Change<'a>)>,
+        in_place: Vec<Write<'a>>,
+    },
+}
+
+impl Plan<'_> {
+    /// The files this plan changes, in order, each once.
+    pub fn files(&self) -> Vec<FileIndex> {
+        let mut files: Vec<FileIndex> = match self {
+            Plan::InPlace { writes } => writes.iter().map(|w| w.location.file).collect(),
+            Plan::Relayout { file, .. } => vec![*file],
+            Plan::Separate {
+                relayouts,
+                in_place,
+            } => relayouts
+                .iter()
+                .map(|(f, _)| *f)
+                .chain(in_place.iter().map(|w| w.location.file))
+                .collect(),
+        };
+        files.sort_unstable();
+        files.dedup();
+        files
+    }
 }
 
 fn exact_size(location: Location, what: &str, data: Source) -> Result<()> {
@@ -53,6 +112,15 @@ fn normalize_descr(d: &str) -> String {
         Some('>') if !one_byte => format!(">{body}"),
         _ => body.to_string(),
     }
+}
+
+/// Whether a `.npy` of dtype `found` may replace a tensor whose `.npy` has dtype `want`: the
+/// same type, or, for a raw 16-bit type (`|V2`: bfloat16 and bits16, which NumPy lacks),
+/// little-endian `u2`/`i2`, as NumPy users hold such tensors (`a.view(np.uint16)`). The
+/// bytes are taken as they are; the shape is checked as for any other type.
+fn descr_accepted(found: &str, want: &str) -> bool {
+    let (found, want) = (normalize_descr(found), normalize_descr(want));
+    found == want || want == "V2" && (found == "u2" || found == "i2")
 }
 
 /// The largest inline delegate payload: it is held in memory and copied into the program's
@@ -83,9 +151,14 @@ fn tensor_npy_want(shape: &TensorShape) -> (String, String, Vec<u64>) {
 fn check_npy<'a>(want: NpyWant, data: Source<'a>) -> Result<Source<'a>> {
     let header = npy::parse_header(&data.head(NPY_HEADER_READ)?)?;
     let want_descr = want.descr;
-    if normalize_descr(&header.descr) != normalize_descr(want_descr) {
+    if !descr_accepted(&header.descr, want_descr) {
+        let also = if normalize_descr(want_descr) == "V2" {
+            " or '<u2'/'<i2'"
+        } else {
+            ""
+        };
         return Err(Error::invalid(format!(
-            ".npy dtype differs: expected '{want_descr}' ({}), found '{}'",
+            ".npy dtype differs: expected '{want_descr}'{also} ({}), found '{}'",
             want.what, header.descr
         )));
     }
@@ -114,20 +187,32 @@ fn check_npy<'a>(want: NpyWant, data: Source<'a>) -> Result<Source<'a>> {
     Ok(body)
 }
 
-fn in_place(location: Location, bytes: Source) -> Plan {
+fn in_place(location: Location, bytes: Source, of: Option<TensorId>) -> Plan {
     Plan::InPlace {
-        writes: vec![(location, Bytes::Staged(bytes))],
+        writes: vec![Write {
+            location,
+            bytes: Bytes::Staged(bytes),
+            of,
+        }],
     }
 }
 
 /// Decides how `data` becomes the new content of `target`, or why it cannot.
 pub fn plan<'a>(model: &Model, target: &WriteTarget, data: Source<'a>) -> Result<Plan<'a>> {
     match target {
-        WriteTarget::TensorBin { location, shape } => {
+        WriteTarget::TensorBin {
+            location,
+            shape,
+            of,
+        } => {
             exact_size(*location, &shape.describe(), data)?;
-            Ok(in_place(*location, data))
+            Ok(in_place(*location, data, Some(*of)))
         }
-        WriteTarget::TensorNpy { location, shape } => {
+        WriteTarget::TensorNpy {
+            location,
+            shape,
+            of,
+        } => {
             let (descr, what, shape) = tensor_npy_want(shape);
             let want = NpyWant {
                 descr: &descr,
@@ -136,17 +221,18 @@ pub fn plan<'a>(model: &Model, target: &WriteTarget, data: Source<'a>) -> Result
                 nbytes: location.range.len(),
             };
             let bytes = check_npy(want, data)?;
-            Ok(in_place(*location, bytes))
+            Ok(in_place(*location, bytes, Some(*of)))
         }
-        WriteTarget::PayloadConstant { location, what } => {
+        WriteTarget::PayloadConstant { location, what, of } => {
             exact_size(*location, what, data)?;
-            Ok(in_place(*location, data))
+            Ok(in_place(*location, data, *of))
         }
         WriteTarget::PayloadConstantNpy {
             location,
             descr,
             shape,
             what,
+            of,
         } => {
             let want = NpyWant {
                 descr,
@@ -155,7 +241,7 @@ pub fn plan<'a>(model: &Model, target: &WriteTarget, data: Source<'a>) -> Result
                 nbytes: location.range.len(),
             };
             let bytes = check_npy(want, data)?;
-            Ok(in_place(*location, bytes))
+            Ok(in_place(*location, bytes, *of))
         }
         WriteTarget::Weights { entries } => super::bulk::plan(model, entries, data).map(|(p, _)| p),
         WriteTarget::PayloadConstantF32 {
@@ -173,21 +259,39 @@ pub fn plan<'a>(model: &Model, target: &WriteTarget, data: Source<'a>) -> Result
                     data.len()
                 )));
             }
-            Ok(in_place(*location, data))
+            Ok(in_place(*location, data, None))
         }
         WriteTarget::Blob { file, named_index } => {
             let (location, segment) = blob_location(model, *file, *named_index)?;
             if data.len() == location.range.len() {
-                Ok(in_place(location, data))
-            } else {
-                Ok(Plan::Relayout {
-                    file: *file,
-                    change: Change::Segment {
-                        index: segment,
-                        data,
-                    },
-                })
+                return Ok(in_place(
+                    location,
+                    data,
+                    Some(TensorId::key(*file, *named_index)),
+                ));
             }
+            // Other keys on the same segment are distinct tensors: they keep the old
+            // segment, and this key gets a new one of the new size.
+            let change = if segment_shared(model, *file, *named_index, segment) {
+                Change::OwnBytes {
+                    own: vec![(
+                        Owner::Key {
+                            index: *named_index,
+                        },
+                        Bytes::Staged(data),
+                    )],
+                    patches: Vec::new(),
+                }
+            } else {
+                Change::Segment {
+                    index: segment,
+                    data,
+                }
+            };
+            Ok(Plan::Relayout {
+                file: *file,
+                change,
+            })
         }
         WriteTarget::DelegatePayload { plan, delegate } => {
             let layout = model
@@ -196,7 +300,7 @@ pub fn plan<'a>(model: &Model, target: &WriteTarget, data: Source<'a>) -> Result
                 .ok_or_else(|| Error::invalid("not a .pte"))?;
             let location = layout.plans[*plan].delegates[*delegate].clone()?;
             if data.len() == location.range.len() {
-                return Ok(in_place(location, data));
+                return Ok(in_place(location, data, None));
             }
             let pte = model.pte().ok_or_else(|| Error::invalid("not a .pte"))?;
             let d = &pte.program.execution_plan.as_deref().unwrap_or_default()[*plan]
@@ -230,6 +334,26 @@ pub fn plan<'a>(model: &Model, target: &WriteTarget, data: Source<'a>) -> Result
     }
 }
 
+/// Whether a named-data entry of file `file` other than `k` uses segment `segment`.
+fn segment_shared(model: &Model, file: FileIndex, k: usize, segment: usize) -> bool {
+    match &model.files[file].kind {
+        Kind::Pte(p) => p
+            .program
+            .named_data
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+            .any(|(i, n)| i != k && n.segment_index as usize == segment),
+        Kind::Ptd(_) => model.ptd_blobs[file]
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+            .any(|(i, b)| i != k && b.segment_index as usize == segment),
+    }
+}
+
 fn blob_location(model: &Model, file: FileIndex, k: usize) -> Result<(Location, usize)> {
     match &model.files[file].kind {
         Kind::Pte(p) => {
@@ -257,5 +381,18 @@ mod tests {
         assert_eq!(normalize_descr("|b1"), normalize_descr("b1"));
         assert_ne!(normalize_descr(">f4"), normalize_descr("<f4"));
         assert_ne!(normalize_descr("<f4"), normalize_descr("<f8"));
+    }
+
+    #[test]
+    fn raw_16_bit_types_accept_little_endian_u2_and_i2() {
+        for found in ["<u2", "<i2", "=u2", "u2", "|V2"] {
+            assert!(descr_accepted(found, "|V2"), "{found}");
+        }
+        for found in [">u2", ">i2", "<f2", "|V1", "<u4", "|u1"] {
+            assert!(!descr_accepted(found, "|V2"), "{found}");
+        }
+        // Only raw types widen: a HALF tensor still needs `<f2`, a SHORT `<i2`.
+        assert!(!descr_accepted("<u2", "<f2"));
+        assert!(!descr_accepted("<u2", "<i2"));
     }
 }

@@ -1,4 +1,5 @@
-//! The error every parser in `format` returns: one sentence naming the defect.
+//! The error every function in `format` returns: one sentence naming the defect, or what
+//! kept a file from being read (or from still being the file that was opened).
 
 use std::fmt;
 

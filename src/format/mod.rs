@@ -28,6 +28,7 @@ pub mod pte;
 pub mod range;
 pub mod safetensors;
 pub mod scalar_type;
+pub mod sharing;
 pub mod target;
 pub mod writer;
 

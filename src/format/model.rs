@@ -11,7 +11,7 @@ use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use memmap2::Mmap;
 
@@ -20,6 +20,7 @@ use super::layout::{locate_ptd, locate_pte, FileIndex, Location, NamedBlob, PteL
 use super::ptd::{parse_ptd, Ptd};
 use super::pte::{parse_pte, Pte};
 use super::range::ByteRange;
+use super::sharing::SharedBytes;
 use super::FormatError;
 
 #[derive(Debug, Clone)]
@@ -232,21 +233,21 @@ impl ModelFile {
     }
 
     /// Whether `path` still names the file that was opened (another process may have
-    /// renamed a different file over it); `Err` says what it names now.
-    pub fn still_named(&self) -> Result<(), String> {
+    /// renamed a different file over it); the error says what it names now.
+    pub fn still_named(&self) -> Result<(), FormatError> {
         let (Some((dev, ino)), Some(dir)) = (self.identity, &self.dir) else {
             return Ok(());
         };
         match stat_in(dir, &self.name) {
             Ok((d, i)) if (d, i) == (dev, ino) => Ok(()),
-            Ok((d, i)) => Err(format!(
+            Ok((d, i)) => Err(FormatError::new(format!(
                 "{} was replaced under the mount (it now names inode {i} on device {d}, the mount has inode {ino} on device {dev})",
                 self.path.display()
-            )),
-            Err(e) => Err(format!(
+            ))),
+            Err(e) => Err(FormatError::new(format!(
                 "{} no longer names the mounted file: {e}",
                 self.path.display()
-            )),
+            ))),
         }
     }
 
@@ -323,9 +324,16 @@ pub struct Model {
     /// Every named-data key of every file: where its entries are (file, index in that
     /// file's named data), in file order.
     named_index: HashMap<String, Vec<(FileIndex, usize)>>,
+    /// The byte ranges several tensors show, indexed at the first commit that asks.
+    shared: OnceLock<SharedBytes>,
 }
 
 impl Model {
+    /// The byte ranges several tensors show (`sharing`), computed once per opened model.
+    pub fn shared_bytes(&self) -> &SharedBytes {
+        self.shared.get_or_init(|| SharedBytes::of(self))
+    }
+
     /// Opens the mounted file and its attached `.ptd` files, read-only, and resolves every
     /// byte range.
     pub fn open(path: &Path, data: &[impl AsRef<Path>]) -> Result<Model, FormatError> {
@@ -393,6 +401,7 @@ impl Model {
             pte_layout,
             ptd_blobs,
             named_index: HashMap::new(),
+            shared: OnceLock::new(),
         };
         let mut index: HashMap<String, Vec<(FileIndex, usize)>> = HashMap::new();
         for f in 0..model.files.len() {

@@ -27,6 +27,15 @@ pub struct Pte {
     pub inline_delegate_data: Vec<Option<ByteRange>>,
 }
 
+/// How many instructions the chains of `plan` hold together.
+pub fn instruction_count(plan: &pte_fb::ExecutionPlanT) -> usize {
+    plan.chains
+        .iter()
+        .flatten()
+        .map(|c| c.instructions.as_ref().map_or(0, Vec::len))
+        .sum()
+}
+
 /// Verifier limits sized for real programs (tens of thousands of values) rather than the
 /// library's defaults; the 2 GiB bound is FlatBuffers' own offset limit.
 pub fn verifier_options() -> VerifierOptions {

@@ -65,6 +65,8 @@ pub struct Entry {
     pub location: super::layout::Location,
     /// The tree path that shows the tensor (`plans/forward/values/0`), for `__metadata__`.
     pub path: String,
+    /// The tensor, so that a write keeps it apart from distinct tensors sharing its bytes.
+    pub of: super::sharing::TensorId,
 }
 
 /// One tensor of a safetensors file.
@@ -192,7 +194,7 @@ pub fn parse(head: &[u8], total: u64) -> Result<Header, FormatError> {
             }
             continue;
         }
-        tensors.push(tensor_info(&name, v).map_err(err)?);
+        tensors.push(tensor_info(&name, v)?);
     }
     tensors.sort_by_key(|t| (t.begin, t.end));
     let data_len = total - hlen;
@@ -218,28 +220,32 @@ pub fn parse(head: &[u8], total: u64) -> Result<Header, FormatError> {
     })
 }
 
-fn tensor_info(name: &str, v: Value) -> Result<TensorInfo, String> {
+/// The entry of tensor `name` in a safetensors header.
+fn tensor_info(name: &str, v: Value) -> Result<TensorInfo, FormatError> {
+    let err = |m: String| FormatError::new(format!("safetensors header: \"{name}\": {m}"));
     let Value::Object(m) = v else {
-        return Err(format!("\"{name}\": expected an object"));
+        return Err(err("expected an object".into()));
     };
     for k in m.keys() {
         if !matches!(k.as_str(), "dtype" | "shape" | "data_offsets") {
-            return Err(format!("\"{name}\": unknown field \"{k}\""));
+            return Err(err(format!("unknown field \"{k}\"")));
         }
     }
     let dtype = m
         .get("dtype")
         .and_then(Value::as_str)
-        .ok_or_else(|| format!("\"{name}\": dtype: expected a string"))?;
-    let size = dtype_size(dtype).ok_or_else(|| format!("\"{name}\": unknown dtype \"{dtype}\""))?;
-    let ints = |field: &str| -> Result<Vec<u64>, String> {
+        .ok_or_else(|| err("dtype: expected a string".into()))?;
+    let size = dtype_size(dtype).ok_or_else(|| err(format!("unknown dtype \"{dtype}\"")))?;
+    let ints = |field: &str| -> Result<Vec<u64>, FormatError> {
         m.get(field)
             .and_then(Value::as_array)
-            .ok_or_else(|| format!("\"{name}\": {field}: expected an array"))?
+            .ok_or_else(|| err(format!("{field}: expected an array")))?
             .iter()
             .map(|x| {
                 x.as_u64().ok_or_else(|| {
-                    format!("\"{name}\": {field}: expected non-negative integers, found {x}")
+                    err(format!(
+                        "{field}: expected non-negative integers, found {x}"
+                    ))
                 })
             })
             .collect()
@@ -247,22 +253,22 @@ fn tensor_info(name: &str, v: Value) -> Result<TensorInfo, String> {
     let shape = ints("shape")?;
     let offsets = ints("data_offsets")?;
     let [begin, end] = offsets[..] else {
-        return Err(format!("\"{name}\": data_offsets: expected [begin, end]"));
+        return Err(err("data_offsets: expected [begin, end]".into()));
     };
     if end < begin {
-        return Err(format!(
-            "\"{name}\": data_offsets [{begin}, {end}] end before they begin"
-        ));
+        return Err(err(format!(
+            "data_offsets [{begin}, {end}] end before they begin"
+        )));
     }
     let nbytes = shape
         .iter()
         .try_fold(size, |n, &d| n.checked_mul(d))
-        .ok_or_else(|| format!("\"{name}\": the byte size of shape {shape:?} overflows"))?;
+        .ok_or_else(|| err(format!("the byte size of shape {shape:?} overflows")))?;
     if nbytes != end - begin {
-        return Err(format!(
-            "\"{name}\": {dtype}{shape:?} needs {nbytes} bytes, data_offsets give {}",
+        return Err(err(format!(
+            "{dtype}{shape:?} needs {nbytes} bytes, data_offsets give {}",
             end - begin
-        ));
+        )));
     }
     Ok(TensorInfo {
         name: name.to_string(),

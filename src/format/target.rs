@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::layout::{FileIndex, Location, TensorShape};
 use super::safetensors::Entry;
+use super::sharing::TensorId;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WriteTarget {
@@ -15,11 +16,13 @@ pub enum WriteTarget {
     TensorBin {
         location: Location,
         shape: Arc<TensorShape>,
+        of: TensorId,
     },
     /// A `.npy` of a tensor: same dtype and shape; the data part goes to `location`.
     TensorNpy {
         location: Location,
         shape: Arc<TensorShape>,
+        of: TensorId,
     },
     /// A named blob without tensor layout: any size.
     Blob { file: FileIndex, named_index: usize },
@@ -37,6 +40,8 @@ pub enum WriteTarget {
         location: Location,
         /// The constant, for messages: `"qbint4[64,64]"`.
         what: Arc<str>,
+        /// The named-data entry holding the bytes, when they are named data.
+        of: Option<TensorId>,
     },
     /// Its `.npy`: the same dtype (`descr`) and shape.
     PayloadConstantNpy {
@@ -44,6 +49,7 @@ pub enum WriteTarget {
         descr: &'static str,
         shape: Arc<[u64]>,
         what: Arc<str>,
+        of: Option<TensorId>,
     },
     /// `weights.safetensors` of a model file: a safetensors file naming any subset of its
     /// tensors, each with the same dtype and shape, all written in one commit.

@@ -12,13 +12,15 @@
 //! every directory above each file. Root passes, as it does for direct opens. A file or
 //! directory whose attributes cannot be read denies.
 
+use std::ffi::OsStr;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use super::{Attr, Fs, Opened, RenameMode, SetAttr};
+use super::hidden::Process;
+use super::{Entry, Fs, Opened, RenameMode, SetAttr};
 use crate::error::{Error, Result};
 use crate::format::layout::FileIndex;
 use crate::tree::Ino;
@@ -35,6 +37,8 @@ pub struct Caller {
     pub gid: u32,
     /// Supplementary groups.
     pub groups: Vec<u32>,
+    /// The thread that asks (0: unknown, as for a process in another PID namespace).
+    pub pid: u32,
 }
 
 impl Caller {
@@ -44,6 +48,7 @@ impl Caller {
             uid: 0,
             gid: 0,
             groups: Vec::new(),
+            pid: 0,
         }
     }
 
@@ -59,7 +64,12 @@ impl Caller {
                 .and_then(|s| supplementary_groups(&s, uid))
                 .unwrap_or_default()
         };
-        Caller { uid, gid, groups }
+        Caller {
+            uid,
+            gid,
+            groups,
+            pid,
+        }
     }
 
     pub fn is_root(&self) -> bool {
@@ -379,37 +389,54 @@ impl Fs {
         self.opendir(ino)
     }
 
+    /// A create in `parent`; creating the name of a hidden file again also opens that file
+    /// for writing, so it needs what such an open needs.
     pub fn create_as(
-        &self, caller: &Caller, parent: Ino, name: &str, flags: i32,
-    ) -> Result<(Attr, Opened)> {
+        &self, caller: &Caller, parent: Ino, name: &OsStr, flags: i32,
+    ) -> Result<(Entry, Opened)> {
         self.authorize(caller, parent, WRITE)?;
-        self.create(parent, name, flags)
+        if let Some(hidden) = self.hidden_file(parent, name) {
+            self.authorize(caller, hidden, wanted(flags | libc::O_TRUNC))?;
+        }
+        let (attr, opened) = self.create(parent, name, flags)?;
+        Ok((Entry::new(attr), opened))
     }
 
     pub fn rename_as(
-        &self, caller: &Caller, parent: Ino, name: &str, new_parent: Ino, new_name: &str,
+        &self, caller: &Caller, parent: Ino, name: &OsStr, new_parent: Ino, new_name: &OsStr,
         mode: RenameMode,
     ) -> Result<()> {
         self.authorize(caller, parent, WRITE)?;
         self.authorize(caller, new_parent, WRITE)?;
-        if let Some(dst) = self.tree().lookup(new_parent, new_name) {
+        if let Some(dst) = new_name
+            .to_str()
+            .and_then(|n| self.tree().lookup(new_parent, n))
+        {
             self.authorize(caller, dst, WRITE)?;
         }
         self.rename(parent, name, new_parent, new_name, mode)
     }
 
-    pub fn unlink_as(&self, caller: &Caller, parent: Ino, name: &str) -> Result<()> {
+    /// An unlink in `parent`; hiding a writable file's name also needs write permission on
+    /// the file, since it keeps the file from everyone else for a while.
+    pub fn unlink_as(&self, caller: &Caller, parent: Ino, name: &OsStr) -> Result<()> {
         self.authorize(caller, parent, WRITE)?;
-        self.unlink(parent, name)
+        let tree = self.tree();
+        if let Some(ino) = name.to_str().and_then(|n| tree.lookup(parent, n)) {
+            if tree.node(ino).is_some_and(|n| n.write.is_some()) {
+                self.authorize(caller, ino, WRITE)?;
+            }
+        }
+        self.unlink_by(Process::of(caller.pid), parent, name)
     }
 
     /// `truncate(2)` by path writes the file; the rest is checked by `setattr`, and an
     /// `ftruncate` by the open that gave its handle.
-    pub fn setattr_as(&self, caller: &Caller, ino: Ino, change: SetAttr) -> Result<Attr> {
+    pub fn setattr_as(&self, caller: &Caller, ino: Ino, change: SetAttr) -> Result<Entry> {
         if change.size.is_some() && change.fh.is_none() {
             self.authorize(caller, ino, WRITE)?;
         }
-        self.setattr(ino, change)
+        self.setattr(ino, change).map(Entry::new)
     }
 
     pub fn access_as(&self, caller: &Caller, ino: Ino, mask: i32) -> Result<()> {
@@ -443,6 +470,7 @@ mod tests {
             uid,
             gid,
             groups: groups.to_vec(),
+            pid: 0,
         }
     }
 

@@ -2,7 +2,7 @@
 
 use std::time::SystemTime;
 
-use super::Fs;
+use super::{Fs, Identity};
 use crate::error::{Error, Result};
 use crate::tree::{Content, Ino, Tree};
 
@@ -31,6 +31,23 @@ pub struct Attr {
 }
 
 impl Attr {
+    /// A node's attributes, with the owner and times of the model file `id` describes.
+    fn shown(ino: Ino, size: u64, kind: FileType, perm: u16, nlink: u32, id: &Identity) -> Attr {
+        Attr {
+            ino,
+            size,
+            kind,
+            perm,
+            nlink,
+            uid: id.uid,
+            gid: id.gid,
+            atime: id.atime,
+            mtime: id.mtime,
+            ctime: id.ctime,
+            blksize: BLOCK_SIZE,
+        }
+    }
+
     pub fn blocks(&self) -> u64 {
         self.size.div_ceil(512)
     }
@@ -78,19 +95,7 @@ impl Fs {
                 (FileType::RegularFile, perm, 1)
             }
         };
-        Ok(Attr {
-            ino,
-            size: tree.size(ino),
-            kind,
-            perm,
-            nlink,
-            uid: id.uid,
-            gid: id.gid,
-            atime: id.atime,
-            mtime: id.mtime,
-            ctime: id.ctime,
-            blksize: BLOCK_SIZE,
-        })
+        Ok(Attr::shown(ino, tree.size(ino), kind, perm, nlink, &id))
     }
 
     /// A scratch file: an editor's, shown writable by the owner of the model file whose
@@ -98,19 +103,8 @@ impl Fs {
     fn scratch_attr(&self, tree: &Tree, ino: Ino, size: u64) -> Attr {
         let parent = self.scratch.parent(ino).unwrap_or(crate::tree::ROOT);
         let id = self.identity_of(tree, parent);
-        Attr {
-            ino,
-            size,
-            kind: FileType::RegularFile,
-            perm: perm(id.mode, false, true),
-            nlink: 1,
-            uid: id.uid,
-            gid: id.gid,
-            atime: id.atime,
-            mtime: id.mtime,
-            ctime: id.ctime,
-            blksize: BLOCK_SIZE,
-        }
+        let perm = perm(id.mode, false, true);
+        Attr::shown(ino, size, FileType::RegularFile, perm, 1, &id)
     }
 }
 

@@ -40,6 +40,20 @@ pub(super) struct Handle {
     pub refused: bool,
 }
 
+impl Handle {
+    /// EBADF unless the handle was opened for writing.
+    pub fn check_writable(&self) -> Result<()> {
+        if self.writable {
+            Ok(())
+        } else {
+            Err(Error::new(
+                libc::EBADF,
+                "the file was not opened for writing",
+            ))
+        }
+    }
+}
+
 pub(super) type Shared = Arc<Mutex<Handle>>;
 
 pub(super) fn lock(h: &Shared) -> MutexGuard<'_, Handle> {

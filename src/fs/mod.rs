@@ -13,18 +13,22 @@ mod attr;
 mod commit;
 mod dirs;
 mod handles;
+mod hidden;
 mod invalidate;
 mod read;
+mod reply;
 mod scratch;
 mod staging;
 mod write;
 
 pub use attr::{Attr, FileType, BLOCK_SIZE};
-pub use dirs::DirEntry;
+pub use dirs::{DirEntry, DirPage};
 pub use invalidate::{Invalidator, NoInvalidation};
 pub use read::ReadData;
+pub use reply::{Capability, Entry, KernelConfig, Lookup, Opened, StatFs, Unsupported};
 pub use write::{RenameMode, SetAttr};
 
+use std::ffi::OsStr;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -33,7 +37,7 @@ use crate::tree::{Ino, Tree};
 
 /// How long the kernel may cache names and attributes. The daemon is the only writer and
 /// invalidates what a commit changes, so this can be long.
-pub const TTL: Duration = Duration::from_secs(3600);
+const TTL: Duration = Duration::from_secs(3600);
 
 /// The longest name a directory entry can carry (`NAME_MAX`).
 pub const NAME_MAX: u32 = 255;
@@ -43,40 +47,24 @@ pub struct Options {
     pub read_only: bool,
 }
 
-/// What a lookup tells the kernel: the node's attributes, or (`None`) that the name does not
-/// exist, and how long it may remember either. Names appear only through this mount, and the
-/// kernel drops a negative entry when one is created, so negative entries are cached too.
-#[derive(Debug, Clone, Copy)]
-pub struct Entry {
-    pub attr: Option<Attr>,
-    pub ttl: Duration,
+/// Names in this tree, and of its extended attributes, are UTF-8: the model's names are
+/// strings, shown percent-encoded where they cannot be file names. A name that is not UTF-8
+/// names nothing here: each operation answers as it does for a name that does not exist
+/// (ENOENT, a negative entry, ENODATA), and nothing can be created under it (EINVAL).
+fn utf8(name: &OsStr) -> Option<&str> {
+    name.to_str()
 }
 
-/// An open file or directory handle and how the kernel should cache its pages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Opened {
-    pub fh: u64,
-    /// Keep cached pages from earlier opens (the tree's bytes change only at a commit, which
-    /// drops them).
-    pub keep_cache: bool,
-    /// Bypass the page cache: a writer's staged bytes must not reach other readers through
-    /// the kernel's cache before they are committed.
-    pub direct_io: bool,
-    /// For directories: the kernel may cache the listing.
-    pub cache_dir: bool,
+/// ENOENT for `name` in directory `parent`.
+fn not_found_in(tree: &Tree, parent: Ino, name: &OsStr) -> Error {
+    Error::not_found(format!("{}/{}", tree.path(parent), name.to_string_lossy()))
 }
 
-/// `statfs`, in the units the kernel wants.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StatFs {
-    pub blocks: u64,
-    pub bfree: u64,
-    pub bavail: u64,
-    pub files: u64,
-    pub ffree: u64,
-    pub bsize: u32,
-    pub namelen: u32,
-    pub frsize: u32,
+/// The refusal of a name that cannot be created here (see `utf8`).
+fn not_utf8(name: &OsStr) -> Error {
+    Error::invalid(format!(
+        "{name:?}: names in this tree are UTF-8, like the model's own"
+    ))
 }
 
 /// `access(2)` bits.
@@ -140,6 +128,8 @@ pub struct Fs {
     /// Where staged content spills (the model's directory), and the memory it may take.
     spill: Arc<staging::Spill>,
     scratch: scratch::ScratchFiles,
+    /// Names of writable files an unlink hid until they are created again.
+    hidden: hidden::Hidden,
     dirs: dirs::DirHandles,
     invalidator: Arc<dyn Invalidator>,
     /// Held for reading while mapped bytes are handed out, for writing while a commit
@@ -180,6 +170,7 @@ impl Fs {
             handles: Default::default(),
             spill,
             scratch: Default::default(),
+            hidden: Default::default(),
             dirs: Default::default(),
             invalidator,
             gate: RwLock::new(()),
@@ -248,21 +239,56 @@ impl Fs {
         Error::new(libc::EROFS, "the mount is read-only")
     }
 
-    /// The refusal of an operation the tree has no use for (mknod, mkdir, symlink, link,
-    /// rmdir): the tree's shape is the model's.
-    pub fn unsupported(&self, op: &str) -> Error {
-        if self.options.read_only {
-            Fs::read_only_error()
-        } else {
-            Error::new(
-                libc::EPERM,
-                format!("{op}: not supported in a ptefs tree (its shape is the model's)"),
-            )
+    /// What the kernel is asked for when the session starts.
+    pub fn kernel_config(&self) -> KernelConfig {
+        KernelConfig {
+            capabilities: vec![
+                Capability::ReaddirPlus,
+                Capability::AtomicOTrunc,
+                Capability::ParallelDirops,
+                Capability::HandleKillprivV2,
+            ],
+            max_write: 16 << 20,
+            max_readahead: u32::MAX,
+            max_background: 64,
         }
     }
 
-    /// Attributes of a name in a directory, or ENOENT.
-    pub fn lookup(&self, parent: Ino, name: &str) -> Result<Attr> {
+    /// The refusal of an operation the tree has no use for. Shaping the tree (mknod, mkdir,
+    /// rmdir, symlink, link) is EPERM: its shape is the model's. The rest is ENOSYS, after
+    /// which the kernel stops asking and uses its own code (`lseek` of data and holes,
+    /// `copy_file_range` through reads and writes, `fsync` of a directory, whose entries
+    /// change only at commits, which are durable when they return), or ENOTTY for ioctls.
+    pub fn unsupported(&self, op: Unsupported) -> Error {
+        match op {
+            Unsupported::Mknod
+            | Unsupported::Mkdir
+            | Unsupported::Rmdir
+            | Unsupported::Symlink
+            | Unsupported::Link => {
+                if self.options.read_only {
+                    Fs::read_only_error()
+                } else {
+                    Error::new(
+                        libc::EPERM,
+                        format!(
+                            "{}: not supported in a ptefs tree (its shape is the model's)",
+                            op.name()
+                        ),
+                    )
+                }
+            }
+            Unsupported::Ioctl => Error::new(libc::ENOTTY, "ioctl: no ioctls here"),
+            _ => Error::new(
+                libc::ENOSYS,
+                format!("{}: the kernel's own code serves it", op.name()),
+            ),
+        }
+    }
+
+    /// Attributes of a name in a directory, or ENOENT (also for a name an unlink hid).
+    pub fn lookup(&self, parent: Ino, name: impl AsRef<OsStr>) -> Result<Attr> {
+        let name = name.as_ref();
         let tree = self.tree();
         if tree.children(parent).is_none() {
             return Err(match tree.node(parent) {
@@ -270,24 +296,28 @@ impl Fs {
                 None => Error::not_found(format!("inode {parent}")),
             });
         }
-        let ino = tree
-            .lookup(parent, name)
-            .or_else(|| self.scratch.lookup(parent, name))
-            .ok_or_else(|| Error::not_found(format!("{}/{name}", tree.path(parent))))?;
+        let missing = || not_found_in(&tree, parent, name);
+        let name = utf8(name).ok_or_else(missing)?;
+        self.show_expired();
+        let ino = match tree.lookup(parent, name) {
+            Some(ino) if self.hidden_ino(&tree, ino) => return Err(missing()),
+            Some(ino) => ino,
+            None => self.scratch.lookup(parent, name).ok_or_else(missing)?,
+        };
         self.attr_in(&tree, ino)
     }
 
     /// A lookup as the kernel wants it: a missing name is a negative entry, not an error.
-    pub fn lookup_entry(&self, parent: Ino, name: &str) -> Result<Entry> {
+    pub fn lookup_entry(&self, parent: Ino, name: impl AsRef<OsStr>) -> Result<Lookup> {
+        let name = name.as_ref();
         match self.lookup(parent, name) {
-            Ok(attr) => Ok(Entry {
-                attr: Some(attr),
-                ttl: TTL,
-            }),
-            Err(e) if e.errno() == libc::ENOENT => Ok(Entry {
-                attr: None,
-                ttl: TTL,
-            }),
+            Ok(attr) => Ok(Lookup::Found(Entry::new(attr))),
+            Err(e) if e.errno() == libc::ENOENT => {
+                let hidden = self.hidden_file(parent, name).is_some();
+                Ok(Lookup::Missing {
+                    ttl: if hidden { Duration::ZERO } else { TTL },
+                })
+            }
             Err(e) => Err(e),
         }
     }
@@ -299,14 +329,14 @@ impl Fs {
 
     /// The attributes seen through handle `fh` (`fstat`): a writer sees the size of what it
     /// staged.
-    pub fn getattr_via(&self, ino: Ino, fh: Option<u64>) -> Result<Attr> {
+    pub fn getattr_entry(&self, ino: Ino, fh: Option<u64>) -> Result<Entry> {
         let mut attr = self.getattr(ino)?;
         if let Some(h) = fh.and_then(|fh| self.handles.get(fh).ok()) {
             if let Some(staged) = &handles::lock(&h).staged {
                 attr.size = staged.len();
             }
         }
-        Ok(attr)
+        Ok(Entry::new(attr))
     }
 
     /// A read of what everyone sees (committed bytes, or a scratch file's), as an owned
@@ -323,21 +353,27 @@ impl Fs {
         read::read(tree, ino, offset, size)
     }
 
-    /// Hands `reply` the bytes of a read through handle `fh` while no commit can change
-    /// them: a writer reads what it staged, everyone else the committed bytes. Asks the
-    /// kernel first to bring what follows into the page cache.
+    /// Hands `reply` the bytes of a read through handle `fh` (or why there are none) while
+    /// no commit can change them: a writer reads what it staged, everyone else the committed
+    /// bytes. Asks the kernel first to bring what follows into the page cache.
     pub fn read_with<R>(
-        &self, ino: Ino, fh: Option<u64>, offset: u64, size: u32, reply: impl FnOnce(&[u8]) -> R,
-    ) -> Result<R> {
+        &self, ino: Ino, fh: Option<u64>, offset: u64, size: u32,
+        reply: impl FnOnce(Result<&[u8]>) -> R,
+    ) -> R {
         if let Some(h) = fh.and_then(|fh| self.handles.get(fh).ok()) {
             if let Some(staged) = &handles::lock(&h).staged {
-                return Ok(reply(&staged.read(offset, size)?));
+                return match staged.read(offset, size) {
+                    Ok(bytes) => reply(Ok(&bytes)),
+                    Err(e) => reply(Err(e)),
+                };
             }
         }
         read::read_ahead(&self.tree(), self.canonical_ino(ino), offset, size);
         let _gate = self.gate.read().unwrap_or_else(|e| e.into_inner());
-        let data = self.read(ino, offset, size)?;
-        Ok(reply(data.bytes()))
+        match self.read(ino, offset, size) {
+            Ok(data) => reply(Ok(data.bytes())),
+            Err(e) => reply(Err(e)),
+        }
     }
 
     /// `statfs`: the model's bytes and nodes, nothing free.
@@ -407,7 +443,13 @@ impl Fs {
     /// Only the `user.` namespace exists here. ENOTSUP (not ENODATA) for the others lets
     /// `ls -l` remember that this filesystem has no SELinux labels or ACLs, instead of asking
     /// twice per file.
-    pub fn getxattr(&self, ino: Ino, name: &str) -> Result<Vec<u8>> {
+    pub fn getxattr(&self, ino: Ino, name: impl AsRef<OsStr>) -> Result<Vec<u8>> {
+        let name = name.as_ref();
+        let missing = || {
+            let path = self.tree().path(self.canonical_ino(ino));
+            Error::new(libc::ENODATA, format!("{path}: no attribute {name:?}"))
+        };
+        let name = utf8(name).ok_or_else(missing)?;
         if !name.starts_with("user.") {
             return Err(Error::new(
                 libc::ENOTSUP,
@@ -418,44 +460,43 @@ impl Fs {
             .into_iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.into_bytes())
-            .ok_or_else(|| {
-                let path = self.tree().path(self.canonical_ino(ino));
-                Error::new(libc::ENODATA, format!("{path}: no attribute {name}"))
-            })
+            .ok_or_else(missing)
     }
 
-    /// The `user.ptefs.*` attributes describe the model and cannot be set; there is nowhere
-    /// to keep others.
-    pub fn setxattr(&self, ino: Ino, name: &str) -> Result<()> {
-        self.getattr(ino)?;
-        if self.options.read_only {
-            return Err(Fs::read_only_error());
-        }
-        if name.starts_with("user.ptefs.") {
-            Err(Error::new(
-                libc::EPERM,
-                format!("{name} describes the model and cannot be changed"),
-            ))
-        } else {
-            Err(Error::new(
+    /// `setxattr`: the `user.ptefs.*` attributes describe the model and cannot be set; there
+    /// is nowhere to keep others.
+    pub fn setxattr(&self, ino: Ino, name: impl AsRef<OsStr>) -> Result<()> {
+        self.change_xattr(ino, name.as_ref(), "changed", |name| {
+            Error::new(
                 libc::ENOTSUP,
-                format!("{name}: this tree keeps no attributes of its own"),
-            ))
-        }
+                format!("{name:?}: this tree keeps no attributes of its own"),
+            )
+        })
     }
 
-    pub fn removexattr(&self, ino: Ino, name: &str) -> Result<()> {
+    /// `removexattr`: the `user.ptefs.*` attributes cannot be removed, and there are no
+    /// others.
+    pub fn removexattr(&self, ino: Ino, name: impl AsRef<OsStr>) -> Result<()> {
+        self.change_xattr(ino, name.as_ref(), "removed", |name| {
+            Error::new(libc::ENODATA, format!("no attribute {name:?}"))
+        })
+    }
+
+    /// The refusal of a change to attribute `name` of `ino`: EROFS on a read-only mount,
+    /// EPERM for the model's own attributes, `other` for the rest.
+    fn change_xattr(
+        &self, ino: Ino, name: &OsStr, verb: &str, other: impl FnOnce(&OsStr) -> Error,
+    ) -> Result<()> {
         self.getattr(ino)?;
         if self.options.read_only {
             return Err(Fs::read_only_error());
         }
-        if name.starts_with("user.ptefs.") {
-            Err(Error::new(
+        match utf8(name) {
+            Some(n) if n.starts_with("user.ptefs.") => Err(Error::new(
                 libc::EPERM,
-                format!("{name} describes the model and cannot be removed"),
-            ))
-        } else {
-            Err(Error::new(libc::ENODATA, format!("no attribute {name}")))
+                format!("{n} describes the model and cannot be {verb}"),
+            )),
+            _ => Err(other(name)),
         }
     }
 }

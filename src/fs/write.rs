@@ -21,12 +21,14 @@
 //! allocated (EFBIG); after every operation that committed, or failed to, the kernel is told
 //! what to forget.
 
+use std::ffi::OsStr;
 use std::sync::Arc;
 
 use super::handles::{lock, Handle, Target};
+use super::hidden::Process;
 use super::invalidate::Invalidate;
 use super::staging::Staged;
-use super::{scratch, Attr, Fs, Opened};
+use super::{not_found_in, not_utf8, scratch, utf8, Attr, Fs, Opened};
 use crate::error::{Error, Result};
 use crate::format::WriteTarget;
 use crate::tree::{Ino, Tree};
@@ -66,7 +68,9 @@ fn wants_write(flags: i32) -> bool {
 /// How large the content of a writable file may become, and why.
 fn size_limit(target: &WriteTarget, path: &str, current: u64) -> (u64, String) {
     match target {
-        WriteTarget::TensorBin { location, shape } => (
+        WriteTarget::TensorBin {
+            location, shape, ..
+        } => (
             location.range.len(),
             format!(
                 "{path} holds the {} bytes of {}",
@@ -74,7 +78,9 @@ fn size_limit(target: &WriteTarget, path: &str, current: u64) -> (u64, String) {
                 shape.describe()
             ),
         ),
-        WriteTarget::TensorNpy { location, shape } => (
+        WriteTarget::TensorNpy {
+            location, shape, ..
+        } => (
             location.range.len() + NPY_HEADER_MAX,
             format!(
                 "{path} holds a .npy header and the {} bytes of {}",
@@ -92,7 +98,7 @@ fn size_limit(target: &WriteTarget, path: &str, current: u64) -> (u64, String) {
             MAX_RESIZABLE,
             format!("{path}: named data and delegate payloads grow to at most 16 GiB"),
         ),
-        WriteTarget::PayloadConstant { location, what } => (
+        WriteTarget::PayloadConstant { location, what, .. } => (
             location.range.len(),
             format!("{path} holds the {} bytes of {what}", location.range.len()),
         ),
@@ -118,6 +124,13 @@ impl Fs {
     /// The tree file a scratch inode was renamed onto, else `ino` itself.
     pub fn canonical_ino(&self, ino: Ino) -> Ino {
         self.scratch.canonical_ino(ino)
+    }
+
+    /// The content of scratch file `ino`.
+    fn scratch_content(&self, ino: Ino) -> Result<scratch::Content> {
+        self.scratch
+            .content(ino)
+            .ok_or_else(|| Error::not_found(format!("scratch inode {ino}")))
     }
 
     fn target(&self, ino: Ino) -> Target {
@@ -197,10 +210,7 @@ impl Fs {
         match target {
             Target::Scratch(ino) => {
                 if truncate {
-                    let content = self
-                        .scratch
-                        .content(ino)
-                        .ok_or_else(|| Error::not_found(format!("scratch inode {ino}")))?;
+                    let content = self.scratch_content(ino)?;
                     scratch::lock(&content).set_len(0)?;
                 }
             }
@@ -241,14 +251,37 @@ impl Fs {
         })
     }
 
-    /// Creates an editor's scratch file in a writable directory.
-    pub fn create(&self, parent: Ino, name: &str, flags: i32) -> Result<(Attr, Opened)> {
+    /// Creates an editor's scratch file in a writable directory, or, for the name of a
+    /// writable file an unlink hid, opens a truncating writer of that file and shows the name
+    /// again (see `hidden`): its commit replaces the file.
+    pub fn create(
+        &self, parent: Ino, name: impl AsRef<OsStr>, flags: i32,
+    ) -> Result<(Attr, Opened)> {
         if self.options.read_only {
             return Err(Fs::read_only_error());
         }
+        let name = name.as_ref();
+        let name = utf8(name).ok_or_else(|| not_utf8(name))?;
         let tree = self.tree();
         if tree.children(parent).is_none() {
             return Err(Error::not_found(format!("inode {parent}")));
+        }
+        self.show_expired();
+        if let Some(ino) = tree.lookup(parent, name) {
+            if !self.hidden_ino(&tree, ino) {
+                return Err(Error::new(
+                    libc::EEXIST,
+                    format!("{}/{name} exists", tree.path(parent)),
+                ));
+            }
+            let opened = self.open(ino, flags | libc::O_TRUNC)?;
+            self.hidden.writing(opened.fh, ino);
+            let path = tree.path(ino);
+            self.hidden.show(&path);
+            log::info!(
+                "{path}: created again after its unlink: closing it commits the new content"
+            );
+            return Ok((self.getattr(ino)?, opened));
         }
         if !super::attr::dir_is_writable(&tree, parent) {
             return Err(Error::new(
@@ -259,7 +292,7 @@ impl Fs {
                 ),
             ));
         }
-        if tree.lookup(parent, name).is_some() || self.scratch.lookup(parent, name).is_some() {
+        if self.scratch.lookup(parent, name).is_some() {
             return Err(Error::new(
                 libc::EEXIST,
                 format!("{}/{name} exists", tree.path(parent)),
@@ -278,18 +311,10 @@ impl Fs {
     pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
         let shared = self.handles.get(fh)?;
         let mut h = lock(&shared);
-        if !h.writable {
-            return Err(Error::new(
-                libc::EBADF,
-                "the file was not opened for writing",
-            ));
-        }
+        h.check_writable()?;
         match h.target {
             Target::Scratch(ino) => {
-                let content = self
-                    .scratch
-                    .content(ino)
-                    .ok_or_else(|| Error::not_found(format!("scratch inode {ino}")))?;
+                let content = self.scratch_content(ino)?;
                 scratch::lock(&content).write_at(offset, data)?;
             }
             Target::Tree(ino) => {
@@ -303,14 +328,16 @@ impl Fs {
                     .map_err(|e| e.context(path()))?;
                 h.dirty = true;
                 h.truncated_only = false;
+                h.refused = false;
             }
         }
         Ok(data.len() as u32)
     }
 
     /// `chmod`, `chown`, `truncate`, `utimes` and the like. The owner and mode are those of
-    /// the model file and cannot change; scratch files accept any (editors copy modes onto
-    /// their new file) and keep theirs. Times are ignored, so `touch` and `cp -p` work.
+    /// the model file and cannot change; scratch files, and a file being created again after
+    /// its unlink (see `hidden`), accept any (editors, `mv` and `install` set modes on their
+    /// new file) and keep theirs. Times are ignored, so `touch` and `cp -p` work.
     pub fn setattr(&self, ino: Ino, change: SetAttr) -> Result<Attr> {
         let ino = self.canonical_ino(ino);
         let result = self.setattr_inner(ino, change);
@@ -320,7 +347,7 @@ impl Fs {
     fn setattr_inner(&self, ino: Ino, change: SetAttr) -> Result<(Attr, Invalidate)> {
         let current = self.getattr(ino)?;
         let target = self.target(ino);
-        if let Target::Tree(_) = target {
+        if target == Target::Tree(ino) && !self.hidden.being_created(ino) {
             let changes_mode = change
                 .mode
                 .is_some_and(|m| (m & 0o7777) as u16 != current.perm);
@@ -345,22 +372,14 @@ impl Fs {
         };
         match (target, change.fh) {
             (Target::Scratch(ino), _) => {
-                let content = self
-                    .scratch
-                    .content(ino)
-                    .ok_or_else(|| Error::not_found(format!("scratch inode {ino}")))?;
+                let content = self.scratch_content(ino)?;
                 scratch::lock(&content).set_len(size)?;
                 Ok((self.getattr(ino)?, Invalidate::default()))
             }
             (Target::Tree(ino), Some(fh)) => {
                 let shared = self.handles.get(fh)?;
                 let mut h = lock(&shared);
-                if !h.writable {
-                    return Err(Error::new(
-                        libc::EBADF,
-                        "the file was not opened for writing",
-                    ));
-                }
+                h.check_writable()?;
                 let tree = self.tree();
                 if h.staged.is_none() {
                     h.staged = Some(if size == 0 {
@@ -375,6 +394,7 @@ impl Fs {
                     .map_err(|e| e.context(tree.path(ino)))?;
                 h.dirty = true;
                 h.truncated_only = false;
+                h.refused = false;
                 let mut attr = current;
                 attr.size = size;
                 Ok((attr, Invalidate::default()))
@@ -426,7 +446,16 @@ impl Fs {
             h.refused = checked.is_err();
             return checked;
         }
-        let result = self.commit_handle(ino, &mut h);
+        // A duplicate descriptor closed after its twin (NumPy's `tofile`, a shell's
+        // redirection) gets the same refusal for the same content: it was logged already.
+        let repeated = h.refused;
+        let result = self.commit_handle(ino, &mut h).map_err(|e| {
+            if repeated {
+                e.with_level(log::Level::Debug)
+            } else {
+                e
+            }
+        });
         drop(h);
         self.publish(ino, result.map(|inval| ((), inval)))
     }
@@ -497,6 +526,7 @@ impl Fs {
 
     /// Last close of a handle: commits what it still changed, then forgets it.
     pub fn release(&self, fh: u64) -> Result<()> {
+        self.hidden.released(fh);
         let Some(shared) = self.handles.remove(fh) else {
             return Ok(());
         };
@@ -509,10 +539,9 @@ impl Fs {
         self.publish(ino, result.map(|inval| ((), inval)))
     }
 
-    /// Commits what every open handle still changed (before an unmount); returns the
-    /// failures.
-    pub fn commit_all(&self) -> Vec<Error> {
-        let mut failures = Vec::new();
+    /// Commits what every open handle still changed (before an unmount), and logs each
+    /// failure: nobody is left to report it to.
+    pub fn commit_all(&self) {
         for shared in self.handles.all() {
             let mut h = lock(&shared);
             let Target::Tree(ino) = h.target else {
@@ -520,18 +549,22 @@ impl Fs {
             };
             match self.commit_unreported(ino, &mut h) {
                 Ok(inval) => self.invalidator.inodes(inval.inodes, false),
-                Err(e) => failures.push(e),
+                Err(e) => log::error!("commit before unmount failed: {e}"),
             }
         }
-        failures
     }
 
-    /// Renames: a scratch file onto a writable file replaces its content (a commit); scratch
-    /// files may be renamed among themselves; tree files cannot move.
+    /// Renames: a scratch file onto a writable file replaces its content (a commit, which
+    /// also shows the file's name again if an unlink hid it); scratch files may be renamed
+    /// among themselves; tree files cannot move.
     pub fn rename(
-        &self, parent: Ino, name: &str, new_parent: Ino, new_name: &str, mode: RenameMode,
+        &self, parent: Ino, name: impl AsRef<OsStr>, new_parent: Ino, new_name: impl AsRef<OsStr>,
+        mode: RenameMode,
     ) -> Result<()> {
         let tree = self.tree();
+        let (name, new_name) = (name.as_ref(), new_name.as_ref());
+        let name = utf8(name).ok_or_else(|| not_found_in(&tree, parent, name))?;
+        let new_name = utf8(new_name).ok_or_else(|| not_utf8(new_name))?;
         let dst = tree.lookup(new_parent, new_name);
         let result = self.rename_inner(&tree, parent, name, new_parent, new_name, mode);
         self.publish(dst.unwrap_or(parent), result.map(|inval| ((), inval)))
@@ -545,10 +578,16 @@ impl Fs {
             return Err(Fs::read_only_error());
         }
         if mode == RenameMode::Exchange {
-            return Err(self.unsupported("rename with RENAME_EXCHANGE"));
+            return Err(Error::new(
+                libc::EPERM,
+                "rename with RENAME_EXCHANGE: not supported in a ptefs tree (its shape is the model's)",
+            ));
         }
+        self.show_expired();
         let dst = tree.lookup(new_parent, new_name);
-        let exists = dst.is_some() || self.scratch.lookup(new_parent, new_name).is_some();
+        let dst_hidden = dst.is_some_and(|d| self.hidden_ino(tree, d));
+        let exists =
+            (dst.is_some() && !dst_hidden) || self.scratch.lookup(new_parent, new_name).is_some();
         if mode == RenameMode::NoReplace && exists {
             return Err(Error::new(
                 libc::EEXIST,
@@ -557,22 +596,22 @@ impl Fs {
         }
         let Some(src) = self.scratch.lookup(parent, name) else {
             return Err(match tree.lookup(parent, name) {
-                Some(_) => Error::new(
+                Some(ino) if !self.hidden_ino(tree, ino) => Error::new(
                     libc::EPERM,
                     format!("{}/{name} cannot be moved or renamed", tree.path(parent)),
                 ),
-                None => Error::not_found(format!("{}/{name}", tree.path(parent))),
+                _ => Error::not_found(format!("{}/{name}", tree.path(parent))),
             });
         };
         if let Some(dst) = dst {
             if tree.node(dst).is_none_or(|n| n.write.is_none()) {
                 return Err(self.not_writable(tree, dst));
             }
-            let content = self
-                .scratch
-                .content(src)
-                .ok_or_else(|| Error::not_found(format!("scratch inode {src}")))?;
+            let content = self.scratch_content(src)?;
             let mut inval = self.commit_staged(dst, &scratch::lock(&content))?;
+            if dst_hidden {
+                self.hidden.show(&tree.path(dst));
+            }
             // Whoever holds the scratch inode (the kernel, for the new name) now holds the
             // file; new lookups of the name find the file's own inode.
             self.scratch.became(src, dst);
@@ -590,25 +629,41 @@ impl Fs {
         Ok(Invalidate::default())
     }
 
-    /// Deletes a scratch file; tree files cannot be deleted.
-    pub fn unlink(&self, parent: Ino, name: &str) -> Result<()> {
+    /// Deletes a scratch file, or hides the name of a writable tree file until it is created
+    /// again (see `hidden`); other tree files cannot be deleted.
+    pub fn unlink(&self, parent: Ino, name: impl AsRef<OsStr>) -> Result<()> {
+        self.unlink_by(None, parent, name.as_ref())
+    }
+
+    /// `unlink` by process `by`, whose exit shows a name it hid again.
+    pub(super) fn unlink_by(&self, by: Option<Process>, parent: Ino, name: &OsStr) -> Result<()> {
         if self.options.read_only {
             return Err(Fs::read_only_error());
         }
+        let tree = self.tree();
+        let missing = || not_found_in(&tree, parent, name);
+        let name = utf8(name).ok_or_else(missing)?;
+        self.show_expired();
         if let Some(ino) = self.scratch.lookup(parent, name) {
             self.scratch.remove(ino);
             return Ok(());
         }
-        let tree = self.tree();
-        match tree.lookup(parent, name) {
-            Some(_) => Err(Error::new(
+        let ino = tree.lookup(parent, name).ok_or_else(missing)?;
+        if self.hidden_ino(&tree, ino) {
+            return Err(missing());
+        }
+        match tree.node(ino) {
+            Some(node) if node.write.is_some() => {
+                self.hide(&tree, ino, by);
+                Ok(())
+            }
+            _ => Err(Error::new(
                 libc::EPERM,
                 format!(
                     "{}/{name} is part of the model and cannot be deleted",
                     tree.path(parent)
                 ),
             )),
-            None => Err(Error::not_found(format!("{}/{name}", tree.path(parent)))),
         }
     }
 }

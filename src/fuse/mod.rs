@@ -11,6 +11,7 @@ pub use notices::{notices, NoticeQueues, Notices};
 
 use std::ffi::OsStr;
 use std::io;
+use std::path::Path;
 use std::time::SystemTime;
 
 use fuser::{
@@ -23,10 +24,9 @@ use fuser::{
 
 use crate::error::{Error, Result};
 use crate::fs::access::Caller;
-use crate::fs::{self, Attr, FileType, Fs, Opened, RenameMode, SetAttr};
-
-/// `max_write`: large writes mean fewer requests when a tensor is replaced.
-const MAX_WRITE: u32 = 16 << 20;
+use crate::fs::{
+    self, Attr, Capability, Entry, FileType, Fs, Lookup, Opened, RenameMode, SetAttr, Unsupported,
+};
 
 /// Logs `$e` (a `crate::error::Error`) for operation `$op` at its level and replies with its
 /// errno.
@@ -38,10 +38,26 @@ macro_rules! fuse_error {
     }};
 }
 
-/// Replies to an operation the tree has no use for with the core's refusal.
+/// Replies with what `$ok` makes of the value of `$result`, or with its error.
+macro_rules! fuse_reply {
+    ($op:expr, $reply:ident, $result:expr, $v:pat => $ok:expr) => {
+        match $result {
+            Ok($v) => $ok,
+            Err(e) => fuse_error!($op, $reply, e),
+        }
+    };
+}
+
+/// Callbacks of operations the core refuses (`Fs::unsupported` decides how), listed as
+/// `callback = Unsupported variant(argument types after the request) -> reply type`; they
+/// answer with the core's error instead of fuser's "not implemented" warnings.
 macro_rules! fuse_unsupported {
-    ($self:expr, $op:expr, $reply:expr) => {
-        fuse_error!($op, $reply, $self.fs.unsupported($op))
+    ($($callback:ident = $op:ident($($arg:ty),*) -> $reply:ty;)*) => {
+        $(
+            fn $callback(&self, _req: &Request, $(_: $arg,)* reply: $reply) {
+                fuse_error!(stringify!($callback), reply, self.fs.unsupported(Unsupported::$op))
+            }
+        )*
     };
 }
 
@@ -58,10 +74,7 @@ fn to_fuser(a: &Attr) -> FileAttr {
         mtime: a.mtime,
         ctime: a.ctime,
         crtime: a.ctime,
-        kind: match a.kind {
-            FileType::Directory => fuser::FileType::Directory,
-            FileType::RegularFile => fuser::FileType::RegularFile,
-        },
+        kind: kind(a.kind),
         perm: a.perm,
         nlink: a.nlink,
         uid: a.uid,
@@ -69,6 +82,13 @@ fn to_fuser(a: &Attr) -> FileAttr {
         rdev: 0,
         blksize: a.blksize,
         flags: 0,
+    }
+}
+
+fn kind(k: FileType) -> fuser::FileType {
+    match k {
+        FileType::Directory => fuser::FileType::Directory,
+        FileType::RegularFile => fuser::FileType::RegularFile,
     }
 }
 
@@ -112,10 +132,13 @@ fn open_flags(o: &Opened) -> FopenFlags {
     f
 }
 
-/// Names in this tree are UTF-8; any other name cannot exist in it.
-fn name_str(name: &OsStr) -> Result<&str> {
-    name.to_str()
-        .ok_or_else(|| Error::not_found(format!("{name:?} (names in this tree are UTF-8)")))
+fn capability(c: Capability) -> InitFlags {
+    match c {
+        Capability::ReaddirPlus => InitFlags::FUSE_DO_READDIRPLUS,
+        Capability::AtomicOTrunc => InitFlags::FUSE_ATOMIC_O_TRUNC,
+        Capability::ParallelDirops => InitFlags::FUSE_PARALLEL_DIROPS,
+        Capability::HandleKillprivV2 => InitFlags::FUSE_HANDLE_KILLPRIV_V2,
+    }
 }
 
 fn rename_mode(flags: RenameFlags) -> RenameMode {
@@ -155,52 +178,37 @@ impl FuseFs {
 
 impl fuser::Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
-        // HANDLE_KILLPRIV_V2: files here never carry setuid bits or capabilities, so there
-        // is nothing to drop on a write; without it the kernel asks for
-        // `security.capability` before every write request.
-        for flag in [
-            InitFlags::FUSE_DO_READDIRPLUS,
-            InitFlags::FUSE_ATOMIC_O_TRUNC,
-            InitFlags::FUSE_PARALLEL_DIROPS,
-            InitFlags::FUSE_HANDLE_KILLPRIV_V2,
-        ] {
-            if config.add_capabilities(flag).is_err() {
-                log::debug!("the kernel does not offer {flag:?}");
+        let want = self.fs.kernel_config();
+        for c in want.capabilities {
+            if config.add_capabilities(capability(c)).is_err() {
+                log::debug!("the kernel does not offer {c:?}");
             }
         }
-        if let Err(max) = config.set_max_write(MAX_WRITE) {
-            let _ = config.set_max_write(max);
-        }
-        // As high as the kernel offered; raising it further needs the bdi's read_ahead_kb.
-        if let Err(max) = config.set_max_readahead(u32::MAX) {
-            let _ = config.set_max_readahead(max);
-        }
-        let _ = config.set_max_background(64);
+        // Each setter refuses a value above what the kernel allows and says what that is.
+        let _ = config
+            .set_max_write(want.max_write)
+            .or_else(|max| config.set_max_write(max));
+        let _ = config
+            .set_max_readahead(want.max_readahead)
+            .or_else(|max| config.set_max_readahead(max));
+        let _ = config.set_max_background(want.max_background);
         Ok(())
     }
 
     fn destroy(&mut self) {
-        for e in self.fs.commit_all() {
-            log::error!("commit at unmount failed: {e}");
-        }
+        self.fs.commit_all();
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let r = name_str(name).and_then(|n| self.fs.lookup_entry(parent.0, n));
-        match r {
-            Ok(entry) => match entry.attr {
-                Some(a) => reply.entry(&entry.ttl, &to_fuser(&a), Generation(0)),
-                None => reply.entry(&entry.ttl, &negative_entry(), Generation(0)),
-            },
-            Err(e) => fuse_error!("lookup", reply, e),
-        }
+        fuse_reply!("lookup", reply, self.fs.lookup_entry(parent.0, name), l => match l {
+            Lookup::Found(e) => reply.entry(&e.ttl, &to_fuser(&e.attr), Generation(0)),
+            Lookup::Missing { ttl } => reply.entry(&ttl, &negative_entry(), Generation(0)),
+        })
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr_via(ino.0, fh.map(|f| f.0)) {
-            Ok(a) => reply.attr(&fs::TTL, &to_fuser(&a)),
-            Err(e) => fuse_error!("getattr", reply, e),
-        }
+        let r = self.fs.getattr_entry(ino.0, fh.map(|f| f.0));
+        fuse_reply!("getattr", reply, r, e => reply.attr(&e.ttl, &to_fuser(&e.attr)))
     }
 
     fn setattr(
@@ -210,97 +218,50 @@ impl fuser::Filesystem for FuseFs {
         _chgtime: Option<SystemTime>, _bkuptime: Option<SystemTime>, _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let fh = fh.map(|f| f.0);
         let change = SetAttr {
             mode,
             uid,
             gid,
             size,
-            fh: fh.map(|f| f.0),
+            fh,
         };
-        match self.fs.setattr_as(&caller(req), ino.0, change) {
-            Ok(a) => reply.attr(&fs::TTL, &to_fuser(&a)),
-            Err(e) => fuse_error!("setattr", reply, e),
-        }
-    }
-
-    fn mknod(
-        &self, _req: &Request, _parent: INodeNo, _name: &OsStr, _mode: u32, _umask: u32,
-        _rdev: u32, reply: ReplyEntry,
-    ) {
-        fuse_unsupported!(self, "mknod", reply)
-    }
-
-    fn mkdir(
-        &self, _req: &Request, _parent: INodeNo, _name: &OsStr, _mode: u32, _umask: u32,
-        reply: ReplyEntry,
-    ) {
-        fuse_unsupported!(self, "mkdir", reply)
+        let r = self.fs.setattr_as(&caller(req), ino.0, change);
+        fuse_reply!("setattr", reply, r, e => reply.attr(&e.ttl, &to_fuser(&e.attr)))
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(
-            "unlink",
-            reply,
-            name_str(name).and_then(|n| self.fs.unlink_as(&caller(req), parent.0, n)),
-        )
-    }
-
-    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        fuse_unsupported!(self, "rmdir", reply)
-    }
-
-    fn symlink(
-        &self, _req: &Request, _parent: INodeNo, _link_name: &OsStr, _target: &std::path::Path,
-        reply: ReplyEntry,
-    ) {
-        fuse_unsupported!(self, "symlink", reply)
+        let r = self.fs.unlink_as(&caller(req), parent.0, name);
+        empty("unlink", reply, r)
     }
 
     fn rename(
         &self, req: &Request, parent: INodeNo, name: &OsStr, newparent: INodeNo, newname: &OsStr,
         flags: RenameFlags, reply: ReplyEmpty,
     ) {
-        let r = name_str(name).and_then(|n| {
-            let new = name_str(newname)?;
-            self.fs.rename_as(
-                &caller(req),
-                parent.0,
-                n,
-                newparent.0,
-                new,
-                rename_mode(flags),
-            )
-        });
+        let mode = rename_mode(flags);
+        let r = self
+            .fs
+            .rename_as(&caller(req), parent.0, name, newparent.0, newname, mode);
         empty("rename", reply, r)
     }
 
-    fn link(
-        &self, _req: &Request, _ino: INodeNo, _newparent: INodeNo, _newname: &OsStr,
-        reply: ReplyEntry,
-    ) {
-        fuse_unsupported!(self, "link", reply)
-    }
-
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.open_as(&caller(req), ino.0, flags.0) {
-            Ok(o) => reply.opened(FileHandle(o.fh), open_flags(&o)),
-            Err(e) => fuse_error!("open", reply, e),
-        }
+        let r = self.fs.open_as(&caller(req), ino.0, flags.0);
+        fuse_reply!("open", reply, r, o => reply.opened(FileHandle(o.fh), open_flags(&o)))
     }
 
     fn read(
         &self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, size: u32,
         _flags: OpenFlags, _lock_owner: Option<LockOwner>, reply: ReplyData,
     ) {
-        let mut reply = Some(reply);
-        let r = self.fs.read_with(ino.0, Some(fh.0), offset, size, |bytes| {
-            if let Some(reply) = reply.take() {
-                reply.data(bytes);
-            }
-        });
-        if let (Err(e), Some(reply)) = (r, reply.take()) {
-            fuse_error!("read", reply, e);
-        }
+        self.fs.read_with(
+            ino.0,
+            Some(fh.0),
+            offset,
+            size,
+            |r| fuse_reply!("read", reply, r, bytes => reply.data(bytes)),
+        )
     }
 
     fn write(
@@ -308,10 +269,7 @@ impl fuser::Filesystem for FuseFs {
         _write_flags: WriteFlags, _flags: OpenFlags, _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.fs.write(fh.0, offset, data) {
-            Ok(n) => reply.written(n),
-            Err(e) => fuse_error!("write", reply, e),
-        }
+        fuse_reply!("write", reply, self.fs.write(fh.0, offset, data), n => reply.written(n))
     }
 
     fn flush(
@@ -335,62 +293,43 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.opendir_as(&caller(req), ino.0) {
-            Ok(o) => reply.opened(FileHandle(o.fh), open_flags(&o)),
-            Err(e) => fuse_error!("opendir", reply, e),
-        }
+        let r = self.fs.opendir_as(&caller(req), ino.0);
+        fuse_reply!("opendir", reply, r, o => reply.opened(FileHandle(o.fh), open_flags(&o)))
     }
 
     fn readdir(
-        &self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory,
+        &self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64,
+        mut reply: ReplyDirectory,
     ) {
-        let entries = match self.fs.readdir(ino.0, fh.0, offset) {
-            Ok(l) => l,
-            Err(e) => return fuse_error!("readdir", reply, e),
-        };
-        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
-            let kind = to_fuser(&e.attr).kind;
-            if reply.add(INodeNo(e.attr.ino), i as u64 + 1, kind, &e.name) {
-                break;
+        fuse_reply!("readdir", reply, self.fs.readdir(fh.0, offset), page => {
+            for (cookie, e) in page.entries() {
+                if reply.add(INodeNo(e.attr.ino), cookie, kind(e.attr.kind), &e.name) {
+                    break;
+                }
             }
-        }
-        reply.ok();
+            reply.ok()
+        })
     }
 
     fn readdirplus(
-        &self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64,
+        &self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let entries = match self.fs.readdir(ino.0, fh.0, offset) {
-            Ok(l) => l,
-            Err(e) => return fuse_error!("readdirplus", reply, e),
-        };
-        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
-            let attr = to_fuser(&e.attr);
-            if reply.add(
-                INodeNo(e.attr.ino),
-                i as u64 + 1,
-                &e.name,
-                &fs::TTL,
-                &attr,
-                Generation(0),
-            ) {
-                break;
+        fuse_reply!("readdirplus", reply, self.fs.readdir(fh.0, offset), page => {
+            for (cookie, e) in page.entries() {
+                let attr = to_fuser(&e.attr);
+                if reply.add(attr.ino, cookie, &e.name, &page.ttl, &attr, Generation(0)) {
+                    break;
+                }
             }
-        }
-        reply.ok();
+            reply.ok()
+        })
     }
 
     fn releasedir(
         &self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty,
     ) {
         self.fs.releasedir(fh.0);
-        reply.ok();
-    }
-
-    fn fsyncdir(
-        &self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty,
-    ) {
         reply.ok();
     }
 
@@ -405,40 +344,23 @@ impl fuser::Filesystem for FuseFs {
         &self, _req: &Request, ino: INodeNo, name: &OsStr, _value: &[u8], _flags: i32,
         _position: u32, reply: ReplyEmpty,
     ) {
-        let r = self.fs.setxattr(ino.0, &name.to_string_lossy());
-        empty("setxattr", reply, r)
+        empty("setxattr", reply, self.fs.setxattr(ino.0, name))
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let r = name_str(name)
-            .map_err(|_| Error::new(libc::ENODATA, format!("no attribute {name:?}")))
-            .and_then(|n| self.fs.getxattr(ino.0, n));
-        match r {
-            Ok(value) => reply_xattr(reply, &value, size),
-            Err(e) => fuse_error!("getxattr", reply, e),
-        }
+        let r = self.fs.getxattr(ino.0, name);
+        fuse_reply!("getxattr", reply, r, value => reply_xattr(reply, &value, size))
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        match self.fs.listxattr(ino.0) {
-            Ok(names) => {
-                let mut list = Vec::new();
-                for n in names {
-                    list.extend_from_slice(n.as_bytes());
-                    list.push(0);
-                }
-                reply_xattr(reply, &list, size);
-            }
-            Err(e) => fuse_error!("listxattr", reply, e),
-        }
+        fuse_reply!("listxattr", reply, self.fs.listxattr(ino.0), names => {
+            let list: Vec<u8> = names.iter().flat_map(|n| [n.as_bytes(), b"\0"].concat()).collect();
+            reply_xattr(reply, &list, size)
+        })
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(
-            "removexattr",
-            reply,
-            self.fs.removexattr(ino.0, &name.to_string_lossy()),
-        )
+        empty("removexattr", reply, self.fs.removexattr(ino.0, name))
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
@@ -450,55 +372,26 @@ impl fuser::Filesystem for FuseFs {
         &self, req: &Request, parent: INodeNo, name: &OsStr, _mode: u32, _umask: u32, flags: i32,
         reply: ReplyCreate,
     ) {
-        let created =
-            name_str(name).and_then(|n| self.fs.create_as(&caller(req), parent.0, n, flags));
-        match created {
-            Ok((a, o)) => reply.created(
-                &fs::TTL,
-                &to_fuser(&a),
-                Generation(0),
-                FileHandle(o.fh),
-                open_flags(&o),
-            ),
-            Err(e) => fuse_error!("create", reply, e),
-        }
+        let r = self.fs.create_as(&caller(req), parent.0, name, flags);
+        fuse_reply!("create", reply, r, (Entry { attr, ttl }, o) => {
+            let (fh, flags) = (FileHandle(o.fh), open_flags(&o));
+            reply.created(&ttl, &to_fuser(&attr), Generation(0), fh, flags)
+        })
     }
 
-    // Operations the tree has no use for, answered without fuser's "not implemented"
-    // warnings. ENOSYS makes the kernel stop asking and use its generic code.
-    fn ioctl(
-        &self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _flags: IoctlFlags, _cmd: u32,
-        _in_data: &[u8], _out_size: u32, reply: ReplyIoctl,
-    ) {
-        reply.error(Errno::ENOTTY);
-    }
-
-    fn poll(
-        &self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _ph: PollNotifier,
-        _events: PollEvents, _flags: PollFlags, reply: ReplyPoll,
-    ) {
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn fallocate(
-        &self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _offset: u64, _length: u64,
-        _mode: i32, reply: ReplyEmpty,
-    ) {
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn lseek(
-        &self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _offset: i64, _whence: i32,
-        reply: ReplyLseek,
-    ) {
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn copy_file_range(
-        &self, _req: &Request, _ino_in: INodeNo, _fh_in: FileHandle, _offset_in: u64,
-        _ino_out: INodeNo, _fh_out: FileHandle, _offset_out: u64, _len: u64,
-        _flags: CopyFileRangeFlags, reply: ReplyWrite,
-    ) {
-        reply.error(Errno::ENOSYS);
+    fuse_unsupported! {
+        mknod = Mknod(INodeNo, &OsStr, u32, u32, u32) -> ReplyEntry;
+        mkdir = Mkdir(INodeNo, &OsStr, u32, u32) -> ReplyEntry;
+        rmdir = Rmdir(INodeNo, &OsStr) -> ReplyEmpty;
+        symlink = Symlink(INodeNo, &OsStr, &Path) -> ReplyEntry;
+        link = Link(INodeNo, INodeNo, &OsStr) -> ReplyEntry;
+        fsyncdir = Fsyncdir(INodeNo, FileHandle, bool) -> ReplyEmpty;
+        ioctl = Ioctl(INodeNo, FileHandle, IoctlFlags, u32, &[u8], u32) -> ReplyIoctl;
+        poll = Poll(INodeNo, FileHandle, PollNotifier, PollEvents, PollFlags) -> ReplyPoll;
+        fallocate = Fallocate(INodeNo, FileHandle, u64, u64, i32) -> ReplyEmpty;
+        lseek = Lseek(INodeNo, FileHandle, i64, i32) -> ReplyLseek;
+        copy_file_range = CopyFileRange(
+            INodeNo, FileHandle, u64, INodeNo, FileHandle, u64, u64, CopyFileRangeFlags
+        ) -> ReplyWrite;
     }
 }

@@ -7,8 +7,10 @@ use super::weights::WeightsFile;
 use super::xnnpack::{Decoded, Delegates};
 use super::{names, Content, Ino, Names, Node, TextCache, TextKind, Tree, ROOT, UNKNOWN_LEN};
 use crate::backend::xnnpack::placed::{locate, Placed};
+use crate::backend::xnnpack::ConstantRef;
 use crate::error::{Error, Result};
 use crate::format::layout::{FileIndex, Location, TensorData, TensorShape};
+use crate::format::sharing::TensorId;
 use crate::format::{npy, scalar_type, Kind, Model, WriteTarget};
 
 /// The most nodes a tree may have unless the user allows more (`--max-nodes`): about 1.5
@@ -149,7 +151,7 @@ fn node(parent: Ino, name: String, content: Content, write: Option<WriteTarget>)
 
 /// The `<base>.bin` and, when NumPy can describe it, `<base>.npy` of a tensor's bytes.
 fn tensor_nodes(
-    dir: Ino, base: &str, loc: Location, shape: &Arc<TensorShape>,
+    dir: Ino, base: &str, loc: Location, shape: &Arc<TensorShape>, of: TensorId,
 ) -> (Node, Option<Node>) {
     let bin = node(
         dir,
@@ -158,6 +160,7 @@ fn tensor_nodes(
         Some(WriteTarget::TensorBin {
             location: loc,
             shape: shape.clone(),
+            of,
         }),
     );
     let npy = npy_header(shape).map(|header| {
@@ -171,6 +174,7 @@ fn tensor_nodes(
             Some(WriteTarget::TensorNpy {
                 location: loc,
                 shape: shape.clone(),
+                of,
             }),
         )
     });
@@ -234,7 +238,7 @@ fn add_ptd(
         let Ok(loc) = blob.location else { continue };
         match &blob.tensor {
             Some(shape) => {
-                let (bin, npy) = tensor_nodes(nd_dir, base, loc, shape);
+                let (bin, npy) = tensor_nodes(nd_dir, base, loc, shape, TensorId::key(file, k));
                 b.push_node(bin);
                 if let Some(npy) = npy {
                     b.push_node(npy);
@@ -267,7 +271,7 @@ fn add_values(b: &mut Builder, plan_dir: Ino, p: usize, tensors: &[Option<Tensor
         let json = file_name(base, ".json");
         first.push(b.push_unlisted(node(values, json, text(TextKind::ValueJson(p, i)), None)));
         if let Some((t, loc)) = t.as_ref().and_then(|t| t.location.map(|l| (t, l))) {
-            let (bin, npy) = tensor_nodes(values, base, loc, &t.shape);
+            let (bin, npy) = tensor_nodes(values, base, loc, &t.shape, TensorId::value(p, i));
             b.push_unlisted(bin);
             if let Some(npy) = npy {
                 b.push_unlisted(npy);
@@ -313,6 +317,12 @@ fn xnnpack_value_nodes(
         return out;
     };
     let what: Arc<str> = v.describe().into();
+    let of = match &v.constant {
+        Some(ConstantRef::Named { key, .. }) => model
+            .named_blob(key)
+            .map(|(file, k, _)| TensorId::key(file, k)),
+        _ => None,
+    };
     out.push(node(
         dir,
         file_name(&base, ".bin"),
@@ -320,6 +330,7 @@ fn xnnpack_value_nodes(
         Some(WriteTarget::PayloadConstant {
             location,
             what: what.clone(),
+            of,
         }),
     ));
     // Whether a constant has a `.npy` and a `.f32.npy` depends on its datatype only, not on
@@ -339,6 +350,7 @@ fn xnnpack_value_nodes(
                 descr,
                 shape,
                 what,
+                of,
             }),
         ));
     }

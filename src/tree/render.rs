@@ -1,8 +1,11 @@
 //! The generated text files: JSON (DESIGN.md §2.4), `operators.txt`, `instructions.txt` (§2.5).
 //!
-//! Invariants: output depends only on the files' contents (keys in schema order, no hash
-//! maps iterated), so two mounts of equal files render equal bytes; every file ends with a
-//! newline. Enum values without a name are written as numbers.
+//! Invariants: output depends only on the files' contents and names, never on their
+//! directories (keys in schema order, no hash maps iterated, `file` is a file's name), so two
+//! mounts of equal copies anywhere render equal bytes; every file ends with a newline. Enum
+//! values without a name are written as numbers. Lists made from a plan's lists grow with
+//! them at most linearly: a signature describes at most [`SIGNATURE_SHOWN`] entries of at
+//! most [`SIGNATURE_RANK_SHOWN`] dimensions, an IntList's `values` has one number per item.
 //!
 //! Output goes to any `fmt::Write`: a counter (for a size), a `String`, or a buffer of the
 //! exact size. The tables that can hold millions of entries (`program.json`,
@@ -16,7 +19,7 @@ use serde_json::{json, Map, Value};
 use super::sharing::Shared;
 use super::{xnnpack, Ino, TextKind, Tree};
 use crate::format::generated::{ptd_fb, pte_fb};
-use crate::format::layout::{Location, TensorData};
+use crate::format::layout::{FileIndex, Location, TensorData};
 use crate::format::range::ByteRange;
 use crate::format::{scalar_type, Kind, Model};
 
@@ -372,7 +375,7 @@ fn union_object(type_name: &str, fields: Value) -> Value {
     Value::Object(m)
 }
 
-fn kernel_type_name(v: &pte_fb::KernelTypesT) -> &'static str {
+pub fn kernel_type_name(v: &pte_fb::KernelTypesT) -> &'static str {
     use pte_fb::KernelTypesT as K;
     match v {
         K::NONE => "NONE",
@@ -652,6 +655,120 @@ fn plan(model: &Model, p: usize) -> &pte_fb::ExecutionPlanT {
         .expect("plan")[p]
 }
 
+/// The most inputs, and the most outputs, a signature describes: a plan can list millions
+/// of values, and `plan.json` stays small. `inputs_total` and `outputs_total` count them all.
+pub const SIGNATURE_SHOWN: usize = 256;
+
+/// The most dimensions a signature entry lists (the runtime handles 16): one value may be
+/// named by every input, so a tensor with millions of sizes would otherwise be written
+/// [`SIGNATURE_SHOWN`] times.
+pub const SIGNATURE_RANK_SHOWN: usize = 64;
+
+/// The sizes and dim order of a tensor of a signature, or why they are not shown.
+pub fn signature_dims(t: &pte_fb::TensorT) -> std::result::Result<(&[i32], &[u8]), String> {
+    let sizes = t.sizes.as_deref().unwrap_or_default();
+    let order = t.dim_order.as_deref().unwrap_or_default();
+    let rank = sizes.len().max(order.len());
+    if rank > SIGNATURE_RANK_SHOWN {
+        return Err(format!(
+            "{rank} dimensions: more than a signature shows ({SIGNATURE_RANK_SHOWN}); the value's .json lists them"
+        ));
+    }
+    Ok((sizes, order))
+}
+
+/// The value a plan's input or output `index` names, or why there is none.
+pub fn io_value(
+    plan: &pte_fb::ExecutionPlanT, index: i32,
+) -> std::result::Result<&pte_fb::KernelTypesT, String> {
+    let values = plan.values.as_deref().unwrap_or_default();
+    usize::try_from(index)
+        .ok()
+        .and_then(|i| values.get(i))
+        .map(|v| &v.val)
+        .ok_or_else(|| {
+            format!(
+                "value index {index} out of range (expected 0 to {}, the plan's values)",
+                values.len() as i64 - 1
+            )
+        })
+}
+
+/// The value of an Int, Bool or Double.
+fn primitive_value(v: &pte_fb::KernelTypesT) -> Option<Value> {
+    use pte_fb::KernelTypesT as K;
+    match v {
+        K::Int(x) => Some(json!(x.int_val)),
+        K::Bool(x) => Some(json!(x.bool_val)),
+        K::Double(x) => Some(double(x.double_val)),
+        _ => None,
+    }
+}
+
+/// One input or output as the runtime's `MethodMeta` describes it: a tensor's dtype, sizes
+/// (upper bounds when the shape is dynamic), dim order and dynamism; another value's type,
+/// and for an Int, Bool or Double the value the program holds (which the runtime requires
+/// an input to be given again).
+fn signature_entry(plan: &pte_fb::ExecutionPlanT, index: i32) -> Value {
+    use pte_fb::KernelTypesT as K;
+    let mut m = Map::new();
+    m.insert("index".into(), json!(index));
+    match io_value(plan, index) {
+        Err(defect) => {
+            m.insert("type".into(), Value::Null);
+            m.insert("defect".into(), json!(defect));
+        }
+        Ok(v) => {
+            m.insert("type".into(), json!(kernel_type_name(v)));
+            match v {
+                K::Tensor(t) => {
+                    m.insert("scalar_type".into(), scalar_type_value(t.scalar_type.0));
+                    match signature_dims(t) {
+                        Ok((sizes, order)) => {
+                            m.insert("sizes".into(), json!(sizes));
+                            m.insert("dim_order".into(), json!(order));
+                        }
+                        Err(defect) => {
+                            m.insert("sizes".into(), Value::Null);
+                            m.insert("dim_order".into(), Value::Null);
+                            m.insert("defect".into(), json!(defect));
+                        }
+                    }
+                    m.insert("shape_dynamism".into(), dynamism(t.shape_dynamism));
+                }
+                other => {
+                    if let Some(value) = primitive_value(other) {
+                        m.insert("value".into(), value);
+                    }
+                }
+            }
+        }
+    }
+    Value::Object(m)
+}
+
+/// `signature` of `plan.json`: the method's inputs and outputs, the first
+/// [`SIGNATURE_SHOWN`] of each described.
+fn signature_json(plan: &pte_fb::ExecutionPlanT) -> Value {
+    let side = |indices: &Option<Vec<i32>>| {
+        let indices = indices.as_deref().unwrap_or_default();
+        let shown: Vec<Value> = indices
+            .iter()
+            .take(SIGNATURE_SHOWN)
+            .map(|&i| signature_entry(plan, i))
+            .collect();
+        (Value::Array(shown), json!(indices.len()))
+    };
+    let (inputs, inputs_total) = side(&plan.inputs);
+    let (outputs, outputs_total) = side(&plan.outputs);
+    json!({
+        "inputs": inputs,
+        "inputs_total": inputs_total,
+        "outputs": outputs,
+        "outputs_total": outputs_total,
+    })
+}
+
 fn plan_json(model: &Model, p: usize) -> Value {
     let plan = plan(model, p);
     let layout = &model.pte_layout.as_ref().expect("resolved").plans[p];
@@ -662,16 +779,12 @@ fn plan_json(model: &Model, p: usize) -> Value {
         .flatten()
         .filter(|t| t.location.is_some())
         .count();
-    let instructions: usize = plan
-        .chains
-        .iter()
-        .flatten()
-        .map(|c| c.instructions.as_ref().map_or(0, Vec::len))
-        .sum();
+    let instructions = crate::format::pte::instruction_count(plan);
     json!({
         "name": plan.name,
         "inputs": plan.inputs,
         "outputs": plan.outputs,
+        "signature": signature_json(plan),
         "non_const_buffer_sizes": plan.non_const_buffer_sizes,
         "non_const_buffer_device": non_const_device_json(&plan.non_const_buffer_device),
         "container_meta_type": opt(&plan.container_meta_type, |c| container_json(c)),
@@ -687,13 +800,19 @@ fn plan_json(model: &Model, p: usize) -> Value {
     })
 }
 
+/// What `file` holds in generated JSON: the model file's name in its directory (what the
+/// command line named, without the directory). Never the directory: two mounts of equal
+/// copies in different directories render equal bytes, so `diff -r` of them is empty. The
+/// absolute path is in the `user.ptefs.file` xattr; with `file_offset`, the name is what
+/// `xxd -s` reads from the model's directory.
+pub fn file_name(model: &Model, file: FileIndex) -> String {
+    model.files[file].name.to_string_lossy().into_owned()
+}
+
 fn location_fields(model: &Model, m: &mut Map<String, Value>, loc: Option<Location>) {
     match loc {
         Some(l) => {
-            m.insert(
-                "file".into(),
-                json!(model.files[l.file].path.display().to_string()),
-            );
+            m.insert("file".into(), json!(file_name(model, l.file)));
             m.insert("file_offset".into(), json!(l.range.start()));
         }
         None => {
@@ -773,17 +892,16 @@ fn value_json(tree: &Tree, ino: Ino, p: usize, i: usize) -> Value {
     m.insert("type".into(), json!(kernel_type_name(&value.val)));
     match &value.val {
         K::NONE | K::Null(_) | K::Tensor(_) => {}
-        K::Int(x) => {
-            m.insert("value".into(), json!(x.int_val));
-        }
-        K::Bool(x) => {
-            m.insert("value".into(), json!(x.bool_val));
-        }
-        K::Double(x) => {
-            m.insert("value".into(), double(x.double_val));
+        v @ (K::Int(_) | K::Bool(_) | K::Double(_)) => {
+            m.insert("value".into(), primitive_value(v).unwrap_or(Value::Null));
         }
         K::String(s) => {
             m.insert("value".into(), json!(s.string_val));
+        }
+        K::IntList(l) => {
+            m.insert("items".into(), json!(l.items));
+            let items = l.items.as_deref().unwrap_or_default();
+            m.insert("values".into(), int_list_values(plan, items));
         }
         other => {
             if let Value::Object(fields) = kernel_value_fields(other) {
@@ -792,6 +910,26 @@ fn value_json(tree: &Tree, ino: Ino, p: usize, i: usize) -> Value {
         }
     }
     Value::Object(m)
+}
+
+/// The integers an IntList stands for: its items are indices of values, each an Int (or a
+/// value the runtime fills in, such as a symbolic size, whose Int holds the exported size).
+/// An item that is not the index of an Int is `null`. One number per item, so the text
+/// grows with the list as `items` does.
+fn int_list_values(plan: &pte_fb::ExecutionPlanT, items: &[i64]) -> Value {
+    let values = plan.values.as_deref().unwrap_or_default();
+    Value::Array(
+        items
+            .iter()
+            .map(|&i| {
+                let value = usize::try_from(i).ok().and_then(|i| values.get(i));
+                match value.map(|v| &v.val) {
+                    Some(pte_fb::KernelTypesT::Int(x)) => json!(x.int_val),
+                    _ => Value::Null,
+                }
+            })
+            .collect(),
+    )
 }
 
 fn delegate_json(model: &Model, p: usize, j: usize) -> Value {

@@ -4,7 +4,8 @@
 //! Invariants: the header is generated once per tree and is deterministic (tensors sorted by
 //! file offset, then name; `__metadata__` maps each name to its tree path); the data part is
 //! the tensors' byte ranges of the model file, back to back, read from the mapping, never
-//! copied into the tree. A byte range shown by several tree files appears once.
+//! copied into the tree. A tensor shown by several tree files appears once; distinct
+//! tensors that share bytes (DESIGN.md §2.3) appear each under its own name.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use super::Names;
 use crate::backend::xnnpack::{Datatype, KeyRole};
 use crate::format::layout::{DataKind, FileIndex, Location, TensorShape};
 use crate::format::safetensors::{self, dtype_of, Entry};
+use crate::format::sharing::{self, relation, Identity, Relation, TensorId};
 use crate::format::{Kind, Model};
 
 /// The `weights.safetensors` of one model file.
@@ -78,22 +80,37 @@ fn blob_dtype(delegates: &Delegates, key: &str, nbytes: u64) -> (&'static str, V
     }
 }
 
-/// The tensors of file `file`, before naming and sorting: (preferred name, fallback name,
-/// dtype, shape, location, tree path).
-type Candidate = (
-    Option<String>,
-    String,
-    &'static str,
-    Vec<u64>,
-    Location,
-    String,
-);
+/// A tensor of a file, before naming and sorting.
+struct Candidate {
+    /// A name of its own: a fully qualified name or a key.
+    name: Option<String>,
+    /// Its tree path, the name when it has none of its own.
+    path: String,
+    dtype: &'static str,
+    shape: Vec<u64>,
+    of: TensorId,
+    location: Location,
+    identity: Identity,
+}
 
 fn candidates(
     model: &Model, names: &Names, delegates: &Delegates, file: FileIndex,
 ) -> Vec<Candidate> {
     let mut out = Vec::new();
     let prefix = names.file_prefix(file);
+    let mut push = |name, path, (dtype, shape), of| {
+        if let Some((location, identity)) = sharing::locate(model, of) {
+            out.push(Candidate {
+                name,
+                path,
+                dtype,
+                shape,
+                of,
+                location,
+                identity,
+            });
+        }
+    };
     match &model.files[file].kind {
         Kind::Pte(pte) => {
             let Some(layout) = &model.pte_layout else {
@@ -116,37 +133,32 @@ fn candidates(
                         .and_then(|t| t.extra_tensor_info.as_ref()?.fully_qualified_name.clone())
                         .filter(|n| !n.is_empty());
                     let path = format!("plans/{}/values/{i}", names.plans[p]);
-                    let (dtype, shape) = tensor_dtype(&t.shape, loc.range.len());
-                    out.push((fqn, path.clone(), dtype, shape, loc, path));
+                    let dtype = tensor_dtype(&t.shape, loc.range.len());
+                    push(fqn, path, dtype, TensorId::value(p, i));
                 }
             }
-            for (k, loc) in layout.named_data.iter().enumerate() {
-                let Ok(loc) = loc else { continue };
+            for k in 0..layout.named_data.len() {
                 let key = pte.program.named_data.as_deref().unwrap_or_default()[k]
                     .key
                     .clone()
                     .unwrap_or_default();
-                let (dtype, shape) = blob_dtype(delegates, &key, loc.range.len());
+                let Ok(loc) = &layout.named_data[k] else {
+                    continue;
+                };
+                let dtype = blob_dtype(delegates, &key, loc.range.len());
                 let path = format!("named_data/{}", names.named_data[file][k]);
-                out.push((Some(key.clone()), key, dtype, shape, *loc, path));
+                push(Some(key), path, dtype, TensorId::key(file, k));
             }
         }
         Kind::Ptd(_) => {
             for (k, blob) in model.ptd_blobs[file].iter().flatten().enumerate() {
                 let Ok(loc) = blob.location else { continue };
-                let (dtype, shape) = match &blob.tensor {
+                let dtype = match &blob.tensor {
                     Some(shape) => tensor_dtype(shape, loc.range.len()),
                     None => blob_dtype(delegates, &blob.key, loc.range.len()),
                 };
                 let path = format!("{prefix}named_data/{}", names.named_data[file][k]);
-                out.push((
-                    Some(blob.key.clone()),
-                    blob.key.clone(),
-                    dtype,
-                    shape,
-                    loc,
-                    path,
-                ));
+                push(Some(blob.key.clone()), path, dtype, TensorId::key(file, k));
             }
         }
     }
@@ -156,38 +168,47 @@ fn candidates(
 impl WeightsFile {
     /// The `weights.safetensors` of file `file` of `model`.
     pub fn of(model: &Model, names: &Names, delegates: &Delegates, file: FileIndex) -> WeightsFile {
-        let mut found = candidates(model, names, delegates, file);
-        // One entry per byte range: the first in tree order, preferring a name of its own
-        // (a fully qualified name or a key) over a tree path.
-        let mut by_range: HashMap<Location, usize> = HashMap::new();
+        // One entry per tensor: a byte range shown by several paths of one tensor (one
+        // parameter used by several plans) appears once, under the first path in tree
+        // order, preferring a name of its own (a fully qualified name or a key) over a tree
+        // path; distinct tensors that share bytes each have an entry.
+        let mut by_range: HashMap<Location, Vec<usize>> = HashMap::new();
         let mut kept: Vec<Candidate> = Vec::new();
-        for c in found.drain(..) {
-            match by_range.get(&c.4) {
-                Some(&at) => {
-                    if kept[at].0.is_none() && c.0.is_some() {
-                        kept[at].0 = c.0;
+        for c in candidates(model, names, delegates, file) {
+            let on_range = by_range.entry(c.location).or_default();
+            let same = on_range
+                .iter()
+                .copied()
+                .find(|&at| relation(kept[at].identity, c.identity) == Relation::SameTensor);
+            match same {
+                Some(at) => {
+                    if kept[at].name.is_none() && c.name.is_some() {
+                        kept[at].name = c.name;
                     }
                 }
                 None => {
-                    by_range.insert(c.4, kept.len());
+                    on_range.push(kept.len());
                     kept.push(c);
                 }
             }
         }
-        kept.sort_by(|a, b| (a.4.range.start(), &a.1).cmp(&(b.4.range.start(), &b.1)));
+        kept.sort_by(|a, b| {
+            (a.location.range.start(), &a.path).cmp(&(b.location.range.start(), &b.path))
+        });
         let unique = dedupe(
             kept.iter()
-                .map(|c| c.0.clone().unwrap_or_else(|| c.1.clone())),
+                .map(|c| c.name.clone().unwrap_or_else(|| c.path.clone())),
         );
         let entries: Vec<Entry> = kept
             .into_iter()
             .zip(unique)
-            .map(|((_, _, dtype, shape, location, path), name)| Entry {
+            .map(|(c, name)| Entry {
                 name,
-                dtype,
-                shape,
-                location,
-                path,
+                dtype: c.dtype,
+                shape: c.shape,
+                location: c.location,
+                path: c.path,
+                of: c.of,
             })
             .collect();
         let tensors: Vec<(String, &str, Vec<u64>, u64)> = entries

@@ -1,6 +1,7 @@
 //! The trees inside XNNPACK delegates (DESIGN.md §2.7): the payloads decoded once per tree,
-//! the named-data keys they read (for `used_by`), their JSON and text files, and the
-//! float32 views of their constants, dequantized per read.
+//! the named-data keys they read (for `used_by`), their JSON and text files, the float32
+//! views of their constants, dequantized per read, and where each constant's bytes are (for
+//! `ptefs info`).
 //!
 //! Invariants: a delegate whose payload does not decode has no entry (its directory shows
 //! only `delegate.json` and `processed.bin`); a float32 view reads only the byte ranges its
@@ -19,6 +20,9 @@ use crate::error::{Error, Result};
 use crate::format::layout::Location;
 use crate::format::{npy, Model};
 
+/// The `BackendDelegate.id` of the payloads decoded here.
+pub use crate::backend::xnnpack::BACKEND_ID;
+
 /// A payload that decoded, and where it is.
 pub struct Decoded {
     pub graph: XnnGraph,
@@ -35,6 +39,51 @@ pub struct KeyUse {
     pub role: KeyRole,
     pub datatype: Datatype,
     pub dims: Vec<u32>,
+}
+
+impl KeyUse {
+    /// What the key holds for this reader: `qbint4`, or `qbint4 scales`.
+    pub fn describe(&self) -> String {
+        match self.role {
+            KeyRole::Constant => self.datatype.display(),
+            KeyRole::Scale => format!("{} scales", self.datatype.display()),
+        }
+    }
+}
+
+/// One constant, or one blob of scales, of a decoded payload, and where its bytes are.
+pub struct ConstantBytes {
+    /// The value's datatype (`qbint4`), or for its scales `qbint4 scales (bf16)`.
+    pub what: String,
+    /// The bytes; else the named key no attached file holds, with the size the graph
+    /// records (None for bytes of the payload itself that do not fit in it).
+    pub at: std::result::Result<Location, Option<(String, u64)>>,
+}
+
+impl Decoded {
+    /// Every constant and every scale blob the graph reads, in `xvalues` order. Scales the
+    /// flatbuffer holds inline (a per-tensor scale, the `scale` vectors) are not blobs.
+    pub fn constant_bytes(&self, model: &Model) -> Vec<ConstantBytes> {
+        let place = |what: String, r: &xnnpack::ConstantRef| ConstantBytes {
+            what,
+            at: locate(model, self.payload, r).ok_or_else(|| match r {
+                xnnpack::ConstantRef::Named { key, size } => Some((key.clone(), *size)),
+                xnnpack::ConstantRef::Payload { .. } => None,
+            }),
+        };
+        let mut out = Vec::new();
+        for v in &self.graph.values {
+            if let Some(c) = &v.constant {
+                out.push(place(v.datatype.display(), c));
+            }
+            let scales = v.quant.as_ref().and_then(|q| q.scale_ref());
+            if let Some(s) = scales.filter(|s| !s.inline) {
+                let what = format!("{} scales ({})", v.datatype.display(), s.dtype.name());
+                out.push(place(what, &s.bytes));
+            }
+        }
+        out
+    }
 }
 
 /// Every decoded delegate payload of a model, and which values read each named key.
@@ -166,7 +215,7 @@ fn resolver<'a>(
     move |r| {
         let l = locate(model, dec.payload, r)?;
         Some(ResolvedBytes {
-            file: model.files[l.file].path.display().to_string(),
+            file: super::render::file_name(model, l.file),
             file_offset: l.range.start(),
             nbytes: l.range.len(),
         })

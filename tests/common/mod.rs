@@ -14,9 +14,10 @@ use sha2::{Digest, Sha256};
 
 use ptefs::format::generated::pte_fb;
 use ptefs::format::range::ByteRange;
-use ptefs::format::{Kind, ModelFile};
-use ptefs::fs::{FileType, Fs};
-use ptefs::tree::Ino;
+use ptefs::format::{Kind, Model, ModelFile, WriteTarget};
+use ptefs::fs::{FileType, Fs, Options};
+use ptefs::tree::{Ino, Tree};
+use std::sync::Arc;
 
 pub fn fixtures_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
@@ -184,6 +185,49 @@ pub fn read_all(fs: &Fs, ino: Ino, chunk: u32) -> Result<Vec<u8>, ptefs::error::
         out.extend_from_slice(data.bytes());
     }
     Ok(out)
+}
+
+/// The copied files opened through the core, writable unless `read_only`.
+pub fn open(c: &Copied, read_only: bool) -> Fs {
+    let model = if read_only {
+        Model::open(&c.model, &c.data).unwrap()
+    } else {
+        Model::open_writable(&c.model, &c.data).unwrap()
+    };
+    Fs::new(Tree::build(Arc::new(model)), Options { read_only })
+}
+
+/// Replaces the whole content of `path` the way `cp` does: O_TRUNC, write in chunks, close.
+pub fn replace(fs: &Fs, path: &str, data: &[u8]) -> Result<(), ptefs::error::Error> {
+    let ino = fs.tree().find(path).unwrap_or_else(|| panic!("{path}"));
+    let fh = fs.open(ino, libc::O_WRONLY | libc::O_TRUNC)?.fh;
+    let mut off = 0;
+    for chunk in data.chunks(7 + data.len() / 3) {
+        fs.write(fh, off, chunk)?;
+        off += chunk.len() as u64;
+    }
+    let flushed = fs.flush(fh);
+    fs.release(fh)?;
+    flushed.map(|_| ())
+}
+
+/// Whether a write to `target` must give its tensor bytes of its own, because a distinct
+/// tensor shares them (DESIGN.md §2.3): such a commit re-lays the file out instead of
+/// writing in place.
+pub fn separates(model: &Model, target: &WriteTarget) -> bool {
+    use ptefs::format::sharing::{locate, Relation, SharedBytes, TensorId};
+    let of = match target {
+        WriteTarget::TensorBin { of, .. } | WriteTarget::TensorNpy { of, .. } => Some(*of),
+        WriteTarget::PayloadConstant { of, .. } | WriteTarget::PayloadConstantNpy { of, .. } => *of,
+        WriteTarget::Blob { file, named_index } => Some(TensorId::key(*file, *named_index)),
+        _ => None,
+    };
+    let Some((id, (location, _))) = of.and_then(|id| Some((id, locate(model, id)?))) else {
+        return false;
+    };
+    SharedBytes::of(model)
+        .others(&location, id)
+        .any(|(_, r)| r == Relation::Distinct)
 }
 
 /// Every path below the root, directories with a trailing `/`, with its inode, by readdir.

@@ -1,8 +1,9 @@
 //! Real mounts through the `ptefs` binary, and the tools tests drive them with.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use super::{copy_files, is_mounted, unmount, Copied};
 
@@ -105,6 +106,28 @@ impl Drop for Mount {
             unmount(&self.mnt);
         }
     }
+}
+
+/// Starts `ptefs mount --foreground model mnt` (its output discarded) and waits until the
+/// mount shows its tree; the child is the daemon.
+pub fn mount_foreground(model: &Path, mnt: &Path) -> Child {
+    let child = Command::new(BIN)
+        .arg("mount")
+        .arg("--foreground")
+        .arg(model)
+        .arg(mnt)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // A foreground mount says nothing once it is live; the bound only keeps a broken
+    // daemon from hanging the test.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !mnt.join("header.json").exists() {
+        assert!(Instant::now() < deadline, "mount did not come up");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child
 }
 
 /// A `python3` that has NumPy (the one on PATH may be a bare pyenv build).

@@ -1,0 +1,553 @@
+//! `ptefs info`: a summary of a model and its data files that fits one screen, even for an
+//! LLM with many methods, delegates, segments and weights.
+//!
+//! Invariants: the output is bounded whatever the files hold: at most [`PLANS_SHOWN`] plans,
+//! [`SIGNATURE_SHOWN`] inputs and outputs per plan, [`DATA_FILES_SHOWN`] data files and
+//! [`ROWS_SHOWN`] rows per table are written, and what is left out is counted. It is
+//! deterministic (tables are sorted by label, everything else is in file order), and it
+//! never indexes a table of the file without checking the index, so a malformed file gets a
+//! summary, not a panic. Byte counts are of distinct byte ranges: bytes that several tensors
+//! or keys share are counted once.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt::Write as _;
+use std::io::Write;
+
+use crate::error::Result;
+use crate::format::generated::pte_fb;
+use crate::format::layout::{DataKind, FileIndex, Location};
+use crate::format::ptd::Ptd;
+use crate::format::pte::Pte;
+use crate::format::range::ByteRange;
+use crate::format::{scalar_type, Kind, Model};
+use crate::fs::Fs;
+use crate::tree::render::{io_value, kernel_type_name, signature_dims};
+use crate::tree::{xnnpack, Tree};
+
+use super::output;
+
+/// Plans described; a multi-method export rarely has more.
+pub const PLANS_SHOWN: usize = 16;
+/// Inputs, and outputs, described per plan (`plan.json` describes more).
+pub const SIGNATURE_SHOWN: usize = 8;
+/// Data files described one a line.
+pub const DATA_FILES_SHOWN: usize = 16;
+/// Rows of a table; the rest are summed into one row.
+pub const ROWS_SHOWN: usize = 12;
+/// Backend ids named per plan.
+const BACKENDS_SHOWN: usize = 4;
+
+pub fn human(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {} ({n} B)", UNITS[u])
+    }
+}
+
+/// Where an item's bytes are, so that bytes several items share count once.
+#[derive(PartialEq, Eq, Hash)]
+enum Bytes {
+    At(Location),
+    /// A named-data key no attached file holds: `size` is what its reader records.
+    Missing {
+        key: String,
+        size: u64,
+    },
+}
+
+/// Counts and distinct bytes by label.
+#[derive(Default)]
+struct Table {
+    rows: BTreeMap<String, (u64, u64)>,
+    seen: HashSet<Bytes>,
+}
+
+impl Table {
+    /// One more item under `label`; its bytes count when no earlier item had the same.
+    fn add(&mut self, label: String, bytes: Option<Bytes>) {
+        let row = self.rows.entry(label).or_default();
+        row.0 += 1;
+        if let Some(b) = bytes {
+            let len = match &b {
+                Bytes::At(l) => l.range.len(),
+                Bytes::Missing { size, .. } => *size,
+            };
+            if self.seen.insert(b) {
+                row.1 = row.1.saturating_add(len);
+            }
+        }
+    }
+
+    fn write(&self, title: &str, s: &mut String) {
+        if self.rows.is_empty() {
+            return;
+        }
+        let _ = writeln!(s, "{title}:");
+        let width = self
+            .rows
+            .keys()
+            .take(ROWS_SHOWN)
+            .map(|k| k.chars().count())
+            .max()
+            .unwrap_or(0);
+        for (label, (n, bytes)) in self.rows.iter().take(ROWS_SHOWN) {
+            let _ = writeln!(s, "  {label:<width$} {n:>6}  {}", human(*bytes));
+        }
+        if self.rows.len() > ROWS_SHOWN {
+            let (n, bytes) = self
+                .rows
+                .values()
+                .skip(ROWS_SHOWN)
+                .fold((0, 0), |a, r| (a.0 + r.0, a.1 + r.1));
+            let _ = writeln!(
+                s,
+                "  {} more rows: {n} items, {}",
+                self.rows.len() - ROWS_SHOWN,
+                human(bytes)
+            );
+        }
+    }
+}
+
+/// A one-screen summary of the files of `fs`.
+pub fn info(fs: &Fs, out: &mut dyn Write) -> Result<()> {
+    let tree = fs.tree();
+    let model = &tree.model;
+    let mut s = String::new();
+    let main = &model.files[0];
+    let _ = writeln!(s, "file: {}", main.path.display());
+    let _ = writeln!(s, "size: {}", human(main.bytes().len() as u64));
+    match &main.kind {
+        Kind::Pte(pte) => pte_info(&tree, pte, &mut s),
+        Kind::Ptd(ptd) => {
+            s.push_str("kind: .ptd data file (FT01)\n");
+            let h = &ptd.header;
+            let _ = writeln!(
+                s,
+                "header: FH01 length {}, flatbuffer {}+{}, segment_base_offset {}, segment_data_size {}",
+                h.length, h.flatbuffer_offset, h.flatbuffer_size, h.segment_base_offset, h.segment_data_size
+            );
+            let _ = writeln!(s, "named data: {}", ptd_summary(model, 0, ptd));
+            named_data_table(&tree, &mut s);
+        }
+    }
+    data_files(&tree, &mut s);
+    out.write_all(s.as_bytes()).map_err(output)
+}
+
+fn pte_info(tree: &Tree, pte: &Pte, s: &mut String) {
+    let model = &*tree.model;
+    s.push_str("kind: .pte program (ET12)\n");
+    match pte.header.extended {
+        Some(e) => {
+            let _ = writeln!(
+                s,
+                "header: eh00 length {}, program_size {}, segment_base_offset {}, segment_data_size {}",
+                e.length,
+                e.program_size,
+                e.segment_base_offset,
+                e.segment_data_size.map_or("absent".to_string(), |n| n.to_string())
+            );
+        }
+        None => s.push_str("header: no eh00 extended header (bare flatbuffer)\n"),
+    }
+    let plans = pte.program.execution_plan.as_deref().unwrap_or_default();
+    let _ = writeln!(s, "plans: {}", plans.len());
+    for (p, plan) in plans.iter().enumerate().take(PLANS_SHOWN) {
+        plan_info(tree, p, plan, s);
+    }
+    if plans.len() > PLANS_SHOWN {
+        let _ = writeln!(
+            s,
+            "  … {} more plans (ptefs ls FILE plans)",
+            plans.len() - PLANS_SHOWN
+        );
+    }
+    tensor_table(model, s);
+    named_data_table(tree, s);
+    xnnpack_table(tree, s);
+    let _ = writeln!(s, "segments: {}", pte_segments(pte));
+}
+
+/// Instructions in all chains of `plan`.
+fn plan_info(tree: &Tree, p: usize, plan: &pte_fb::ExecutionPlanT, s: &mut String) {
+    let model = &*tree.model;
+    let name = plan.name.as_deref().unwrap_or("");
+    let instructions = crate::format::pte::instruction_count(plan);
+    let inputs = plan.inputs.as_deref().unwrap_or_default();
+    let outputs = plan.outputs.as_deref().unwrap_or_default();
+    // A method that only returns values the program holds (`get_max_seq_len` of an LLM
+    // export): its outputs are all it has to say.
+    let constant = instructions == 0
+        && inputs.is_empty()
+        && !outputs.is_empty()
+        && outputs
+            .iter()
+            .all(|&i| !matches!(io_value(plan, i), Ok(pte_fb::KernelTypesT::Tensor(_))));
+    if constant {
+        let shown: Vec<String> = outputs
+            .iter()
+            .take(SIGNATURE_SHOWN)
+            .enumerate()
+            .map(|(k, &i)| format!("output {k}: {}", io_text(plan, i)))
+            .collect();
+        let more = outputs.len().saturating_sub(SIGNATURE_SHOWN);
+        let _ = writeln!(
+            s,
+            "  {name}: constant method; {}{}",
+            shown.join("; "),
+            if more > 0 {
+                format!("; … {more} more outputs")
+            } else {
+                String::new()
+            }
+        );
+        return;
+    }
+    let layout = model.pte_layout.as_ref().and_then(|l| l.plans.get(p));
+    let (mut n, mut consts, mut muts, mut ext) = (0, 0, 0, 0);
+    for t in layout.into_iter().flat_map(|l| l.tensors.iter().flatten()) {
+        n += 1;
+        match t.kind {
+            DataKind::Constant => consts += 1,
+            DataKind::Mutable => muts += 1,
+            DataKind::External => ext += 1,
+            DataKind::None => {}
+        }
+    }
+    let delegates = plan.delegates.as_deref().unwrap_or_default();
+    let _ = writeln!(
+        s,
+        "  {name}: {} values, {n} tensors ({consts} constant, {muts} with initial state, {ext} external), {} operators, {instructions} instructions, {} delegates",
+        plan.values.as_ref().map_or(0, Vec::len),
+        plan.operators.as_ref().map_or(0, Vec::len),
+        delegates.len(),
+    );
+    for (what, list) in [("input", inputs), ("output", outputs)] {
+        for (k, &i) in list.iter().enumerate().take(SIGNATURE_SHOWN) {
+            let _ = writeln!(s, "    {what} {k}: {}", io_text(plan, i));
+        }
+        if list.len() > SIGNATURE_SHOWN {
+            let _ = writeln!(
+                s,
+                "    … {} more {what}s (plan.json describes {})",
+                list.len() - SIGNATURE_SHOWN,
+                list.len().min(crate::tree::render::SIGNATURE_SHOWN)
+            );
+        }
+    }
+    if !delegates.is_empty() {
+        let _ = writeln!(s, "    delegates: {}", delegate_summary(tree, p, delegates));
+    }
+}
+
+/// An input or output as `info` shows it: `%11 LONG[1,127] dim_order [0,1] DYNAMIC_BOUND`,
+/// `%0 Int 128`, `%3 TensorList`.
+fn io_text(plan: &pte_fb::ExecutionPlanT, index: i32) -> String {
+    use pte_fb::KernelTypesT as K;
+    match io_value(plan, index) {
+        Err(defect) => format!("%{index} ({defect})"),
+        Ok(K::Tensor(t)) => {
+            let dtype = scalar_type::display(t.scalar_type.0);
+            let dynamism = t
+                .shape_dynamism
+                .variant_name()
+                .map_or_else(|| t.shape_dynamism.0.to_string(), str::to_string);
+            match signature_dims(t) {
+                Ok((sizes, order)) => {
+                    let sizes: Vec<String> = sizes.iter().map(i32::to_string).collect();
+                    let order: Vec<String> = order.iter().map(u8::to_string).collect();
+                    format!(
+                        "%{index} {dtype}[{}] dim_order [{}] {dynamism}",
+                        sizes.join(","),
+                        order.join(",")
+                    )
+                }
+                Err(defect) => format!("%{index} {dtype} {dynamism} ({defect})"),
+            }
+        }
+        Ok(K::Int(x)) => format!("%{index} Int {}", x.int_val),
+        Ok(K::Bool(x)) => format!("%{index} Bool {}", x.bool_val),
+        Ok(K::Double(x)) => format!("%{index} Double {}", x.double_val),
+        Ok(other) => format!("%{index} {}", kernel_type_name(other)),
+    }
+}
+
+/// `XnnpackBackend 5 (5 decoded)`: the delegates of plan `p` by backend id.
+fn delegate_summary(tree: &Tree, p: usize, delegates: &[pte_fb::BackendDelegateT]) -> String {
+    let mut by_id: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for (j, d) in delegates.iter().enumerate() {
+        let e = by_id.entry(d.id.as_deref().unwrap_or("")).or_default();
+        e.0 += 1;
+        if tree.delegates.get(p, j).is_some() {
+            e.1 += 1;
+        }
+    }
+    let mut parts: Vec<String> = by_id
+        .iter()
+        .take(BACKENDS_SHOWN)
+        .map(|(id, (n, decoded))| {
+            if *id == xnnpack::BACKEND_ID {
+                format!("{id} {n} ({decoded} decoded)")
+            } else {
+                format!("{id} {n}")
+            }
+        })
+        .collect();
+    if by_id.len() > BACKENDS_SHOWN {
+        parts.push(format!("{} more backends", by_id.len() - BACKENDS_SHOWN));
+    }
+    parts.join(", ")
+}
+
+/// Tensors whose bytes are in the files, by dtype and where the bytes are; EXTERNAL tensors
+/// that no attached file holds are counted apart.
+fn tensor_table(model: &Model, s: &mut String) {
+    let Some(layout) = &model.pte_layout else {
+        return;
+    };
+    let mut table = Table::default();
+    let (mut missing, mut missing_bytes) = (0u64, 0u64);
+    for t in layout.plans.iter().flat_map(|p| p.tensors.iter().flatten()) {
+        let kind = match t.kind {
+            DataKind::Constant => "constant",
+            DataKind::Mutable => "initial state",
+            DataKind::External => "external",
+            DataKind::None => continue,
+        };
+        match t.location {
+            Some(l) => table.add(
+                format!("{} {kind}", scalar_type::display(t.shape.scalar_type)),
+                Some(Bytes::At(l)),
+            ),
+            None if t.kind == DataKind::External => {
+                missing += 1;
+                missing_bytes = missing_bytes.saturating_add(t.nbytes.unwrap_or(0));
+            }
+            None => {}
+        }
+    }
+    table.write("tensor bytes by dtype (tensors, distinct bytes)", s);
+    if missing > 0 {
+        let _ = writeln!(
+            s,
+            "external tensors in no attached data file: {missing} ({} needed; attach the .ptd with --data)",
+            human(missing_bytes)
+        );
+    }
+}
+
+/// What one named-data entry holds: its tensor layout's dtype, else what the decoded XNNPACK
+/// payloads read it as, else `(blob)`.
+fn named_label(tree: &Tree, file: FileIndex, k: usize, key: &str, layout: Option<i8>) -> String {
+    if let Some(st) = layout {
+        return scalar_type::display(st);
+    }
+    // A key found first in another file is read there: its uses are not this entry's.
+    let read_here = tree
+        .model
+        .named_blob(key)
+        .is_some_and(|(f, i, _)| (f, i) == (file, k));
+    match tree.delegates.uses_of(key).first() {
+        Some(u) if read_here => format!("XNNPACK {}", u.describe()),
+        _ => "(blob)".to_string(),
+    }
+}
+
+/// Named data of every file (the program's and each data file's), by what it holds.
+fn named_data_table(tree: &Tree, s: &mut String) {
+    let model = &*tree.model;
+    let mut table = Table::default();
+    for (f, file) in model.files.iter().enumerate() {
+        match &file.kind {
+            Kind::Pte(pte) => {
+                let Some(layout) = &model.pte_layout else {
+                    continue;
+                };
+                let entries = pte.program.named_data.as_deref().unwrap_or_default();
+                for (k, (nd, loc)) in entries.iter().zip(&layout.named_data).enumerate() {
+                    let key = nd.key.as_deref().unwrap_or("");
+                    let at = loc.as_ref().ok().map(|l| Bytes::At(*l));
+                    table.add(named_label(tree, f, k, key, None), at);
+                }
+            }
+            Kind::Ptd(_) => {
+                for (k, b) in model.ptd_blobs[f].iter().flatten().enumerate() {
+                    let layout = b.tensor.as_ref().map(|t| t.scalar_type);
+                    let at = b.location.as_ref().ok().map(|l| Bytes::At(*l));
+                    table.add(named_label(tree, f, k, &b.key, layout), at);
+                }
+            }
+        }
+    }
+    let title = if model.files.len() > 1 {
+        "named data by dtype (keys, distinct bytes), in the program and its data files"
+    } else {
+        "named data by dtype (keys, distinct bytes)"
+    };
+    table.write(title, s);
+}
+
+/// The constants of every decoded XNNPACK payload by datatype, and their scale blobs.
+fn xnnpack_table(tree: &Tree, s: &mut String) {
+    let model = &*tree.model;
+    let payloads = model
+        .pte()
+        .and_then(|p| p.program.execution_plan.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|p| p.delegates.iter().flatten())
+        .filter(|d| d.id.as_deref() == Some(xnnpack::BACKEND_ID))
+        .count();
+    if payloads == 0 {
+        return;
+    }
+    let mut table = Table::default();
+    let mut unresolved = 0u64;
+    let mut decoded = 0;
+    for (_, dec) in tree.delegates.iter() {
+        decoded += 1;
+        // A key no attached file holds is listed apart, with the size the graph records.
+        for c in dec.constant_bytes(model) {
+            match c.at {
+                Ok(l) => table.add(c.what, Some(Bytes::At(l))),
+                Err(missing) => {
+                    unresolved += 1;
+                    let bytes = missing.map(|(key, size)| Bytes::Missing { key, size });
+                    table.add(format!("{}, in no attached file", c.what), bytes);
+                }
+            }
+        }
+    }
+    table.write(
+        &format!(
+            "XNNPACK constants by datatype (values, distinct bytes), {decoded} of {payloads} payloads decoded"
+        ),
+        s,
+    );
+    if decoded < payloads {
+        let _ = writeln!(
+            s,
+            "XNNPACK payloads that do not decode: {} (ptefs check says why)",
+            payloads - decoded
+        );
+    }
+    if unresolved > 0 {
+        let _ = writeln!(
+            s,
+            "XNNPACK constants whose bytes no attached file holds: {unresolved} (attach the .ptd with --data)"
+        );
+    }
+}
+
+/// `6, 6.5 KiB (6656 B): constants 1, 4 B; delegate payloads 5, 6.5 KiB (6652 B)`: the
+/// segments of a program by what the program keeps in them.
+fn pte_segments(pte: &Pte) -> String {
+    let program = &pte.program;
+    let mut role: Vec<Option<&str>> = vec![None; pte.segments.len()];
+    let mut mark = |index: i64, what: &'static str| {
+        if let Some(r) = usize::try_from(index).ok().and_then(|i| role.get_mut(i)) {
+            r.get_or_insert(what);
+        }
+    };
+    if let Some(c) = &program.constant_segment {
+        mark(i64::from(c.segment_index), "constants");
+    }
+    for m in program.mutable_data_segments.iter().flatten() {
+        mark(i64::from(m.segment_index), "initial states");
+    }
+    for d in program
+        .execution_plan
+        .iter()
+        .flatten()
+        .flat_map(|p| p.delegates.iter().flatten())
+    {
+        if let Some(r) = d
+            .processed
+            .as_ref()
+            .filter(|r| r.location == pte_fb::DataLocation::SEGMENT)
+        {
+            mark(i64::from(r.index), "delegate payloads");
+        }
+    }
+    for nd in program.named_data.iter().flatten() {
+        mark(i64::from(nd.segment_index), "named data");
+    }
+    let mut by_role: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for (r, range) in role.iter().zip(&pte.segments) {
+        let e = by_role.entry(r.unwrap_or("unreferenced")).or_default();
+        e.0 += 1;
+        e.1 += range.len();
+    }
+    let parts: Vec<String> = by_role
+        .iter()
+        .map(|(what, (n, bytes))| format!("{what} {n}, {}", human(*bytes)))
+        .collect();
+    let total: u64 = pte.segments.iter().map(ByteRange::len).sum();
+    if parts.is_empty() {
+        "0".to_string()
+    } else {
+        format!(
+            "{}, {}: {}",
+            pte.segments.len(),
+            human(total),
+            parts.join("; ")
+        )
+    }
+}
+
+/// `22 keys (6 tensors, 16 blobs) holding 108.8 KiB (111360 B), in 22 segments`.
+fn ptd_summary(model: &Model, file: FileIndex, ptd: &Ptd) -> String {
+    let blobs = model.ptd_blobs[file].as_deref().unwrap_or_default();
+    let tensors = blobs.iter().filter(|b| b.tensor.is_some()).count();
+    let mut seen = HashSet::new();
+    let bytes: u64 = blobs
+        .iter()
+        .filter_map(|b| b.location.as_ref().ok())
+        .filter(|l| seen.insert(**l))
+        .map(|l| l.range.len())
+        .sum();
+    format!(
+        "{} keys ({tensors} tensors, {} blobs) holding {}, in {} segments",
+        blobs.len(),
+        blobs.len() - tensors,
+        human(bytes),
+        ptd.segments.len()
+    )
+}
+
+/// One line per attached data file: its name, where the tree shows it, its size and what it
+/// holds.
+fn data_files(tree: &Tree, s: &mut String) {
+    let model = &*tree.model;
+    let data = &model.files[1..];
+    if data.is_empty() {
+        return;
+    }
+    let _ = writeln!(s, "data files: {}", data.len());
+    for (f, file) in data.iter().enumerate().take(DATA_FILES_SHOWN) {
+        let f = f + 1;
+        let holds = match &file.kind {
+            Kind::Ptd(ptd) => ptd_summary(model, f, ptd),
+            Kind::Pte(_) => "a program, not a data file".to_string(),
+        };
+        let _ = writeln!(
+            s,
+            "  {} ({}): {}, {holds}",
+            crate::tree::render::file_name(model, f),
+            tree.names.file_prefix(f),
+            human(file.bytes().len() as u64),
+        );
+    }
+    if data.len() > DATA_FILES_SHOWN {
+        let _ = writeln!(s, "  … {} more data files", data.len() - DATA_FILES_SHOWN);
+    }
+}
