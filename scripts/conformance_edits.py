@@ -200,6 +200,16 @@ def plan_weight(mount, manifest_path, factor, out_npy):
 # --- delegated linear -------------------------------------------------------------------
 
 
+def scaled_linear(torch, plan, x, b):
+    """For a delegated Linear followed by a multiplication by the plan's one 0-dim constant
+    s (read through the mount): the output for a weight, (x @ weight.T + b) * s."""
+    scalars = [i for i in plan.constants_index() if plan.value_json(i)["sizes"] == []]
+    if len(scalars) != 1:
+        raise Failure("expected one 0-dim constant (the multiplier)")
+    s = torch.from_numpy(np.array(np.load(plan.npy_path(scalars[0])), copy=True))
+    return lambda weight: (x @ torch.from_numpy(weight).T + torch.from_numpy(b)) * s
+
+
 def xnnpack_weight(mount, manifest_path, factor, out_npy):
     torch = load_torch()
     manifest = json.load(open(manifest_path))
@@ -214,15 +224,7 @@ def xnnpack_weight(mount, manifest_path, factor, out_npy):
     wpath, bpath = weights[0], biases[0]
     w = np.frombuffer(blobs[wpath], dtype="<f4").reshape(n_out, n_in).copy()
     b = np.frombuffer(blobs[bpath], dtype="<f4").copy()
-    plan = Plan(torch, mount, manifest["runtime_check"]["method"])
-    scalars = [i for i in plan.constants_index() if plan.value_json(i)["sizes"] == []]
-    if len(scalars) != 1:
-        raise Failure("expected one 0-dim constant (the multiplier)")
-    s = torch.from_numpy(np.array(np.load(plan.npy_path(scalars[0])), copy=True))
-
-    def linear(weight):
-        return (x @ torch.from_numpy(weight).T + torch.from_numpy(b)) * s
-
+    linear = scaled_linear(torch, Plan(torch, mount, manifest["runtime_check"]["method"]), x, b)
     if not allclose(torch, linear(w), expected):
         raise Failure("(x @ W.T + b) * s with the blobs read from the mount does not reproduce the manifest")
     new_w = (w * np.float32(factor)).astype("<f4")
@@ -319,15 +321,7 @@ def xnnpack_fp32_filter(mount, manifest_path, factor, out_npy, ranges_json):
     w_path = os.path.join(d, "values", f"{fc['filter_id']}.npy")
     w = np.load(w_path)
     b = np.load(os.path.join(d, "values", f"{fc['bias_id']}.npy"))
-    plan = Plan(torch, mount, method)
-    scalars = [i for i in plan.constants_index() if plan.value_json(i)["sizes"] == []]
-    if len(scalars) != 1:
-        raise Failure("expected one 0-dim constant (the multiplier)")
-    s = torch.from_numpy(np.array(np.load(plan.npy_path(scalars[0])), copy=True))
-
-    def linear(weight):
-        return (x @ torch.from_numpy(weight).T + torch.from_numpy(b)) * s
-
+    linear = scaled_linear(torch, Plan(torch, mount, method), x, b)
     if not allclose(torch, linear(w), expected):
         raise Failure("(x @ W.T + b) * s with the values read from xnnpack/ does not reproduce the manifest")
     new_w = (w * np.float32(float(factor))).astype(w.dtype)

@@ -431,13 +431,6 @@ pub fn plan<'a>(
                         ))
                     })
             })?;
-            writes.push(Update {
-                at: data_at,
-                bytes: weights,
-                value,
-                role: KeyRole::Constant,
-                source,
-            });
         }
         ScalePlan::Fresh { biases } => {
             let (Some(scales_at), Some(scale_source)) = (scales_at, scale_source) else {
@@ -475,13 +468,6 @@ pub fn plan<'a>(
             }
             let new = layout.scale_values(&scales).map_err(refuse)?;
             writes.push(Update {
-                at: data_at,
-                bytes: weights,
-                value,
-                role: KeyRole::Constant,
-                source,
-            });
-            writes.push(Update {
                 at: scales_at,
                 bytes: scales,
                 value,
@@ -493,6 +479,16 @@ pub fn plan<'a>(
             }
         }
     }
+    writes.insert(
+        0,
+        Update {
+            at: data_at,
+            bytes: weights,
+            value,
+            role: KeyRole::Constant,
+            source,
+        },
+    );
     refuse_shared(model, plan, delegate, payload, &what, &writes)?;
     refuse_several_files(model, &what, &writes)?;
     Ok(Plan::InPlace {
