@@ -34,6 +34,31 @@ and exits 1.
       After a size-changing commit of DELEGATE_PATH: the payload equals EXPECTED_PAYLOAD,
       every other snapshotted file is byte-identical, and every segment-backed file starts
       at a multiple of ALIGN in the model file.
+
+  xnnpack-fp32-filter MOUNT MANIFEST FACTOR OUT.npy RANGES.json
+      For a delegated fp32 Linear followed by a multiplication by a scalar constant: finds
+      the filter and bias through xnnpack/graph.json, checks (x @ W.T + b) * s against the
+      manifest, writes W * FACTOR with numpy.save onto xnnpack/values/<filter>.npy, reads it
+      back, saves the predicted output to OUT.npy and the filter's byte range (from its
+      .json) to RANGES.json. Prints the edited path.
+
+  xnnpack-f32-filter MOUNT MANIFEST DATATYPE DELEGATE PRED.npy TOL.npy RANGES.json
+      Writes new float32 values (the view x1.5, shifted per element) with numpy.save onto
+      xnnpack/values/<id>.f32.npy of the first filter of DATATYPE in delegate DELEGATE, and
+      checks that the view reads back within half a fresh quantization step. RANGES.json gets
+      the byte ranges the write may change (the filter's weights and scales, and the integers
+      and scales of an int32 bias, which follow the filter's scales). When the delegate is one
+      quantized Linear, saves the output the runtime must give (computed from the values read
+      back, with XNNPACK's input and output quantization) to PRED.npy and the bound on its
+      deviation to TOL.npy; otherwise prints "unpredictable" after the path.
+
+  run-within PTE PTD|- MANIFEST PRED.npy TOL.npy
+      Runs the manifest's runtime_check on the file: the output must differ from the
+      manifest's and lie within TOL of PRED everywhere.
+
+  verify-diff ORIGINAL EDITED RANGES.json
+      Every byte of EDITED that differs from ORIGINAL lies in a range of RANGES.json for
+      EDITED, and the first range (the weights) changed.
 """
 
 import glob
@@ -46,7 +71,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.dont_write_bytecode = True
 sys.path.insert(0, HERE)
-from etlib import allclose, load_torch, manifest_io  # noqa: E402
+from etlib import allclose, close, load_torch, manifest_io, run_in_child  # noqa: E402
 
 
 class Failure(Exception):
@@ -185,6 +210,16 @@ def plan_weight(mount, manifest_path, factor, out_npy):
 # --- delegated linear -------------------------------------------------------------------
 
 
+def scaled_linear(torch, plan, x, b):
+    """For a delegated Linear followed by a multiplication by the plan's one 0-dim constant
+    s (read through the mount): the output for a weight, (x @ weight.T + b) * s."""
+    scalars = [i for i in plan.constants_index() if plan.value_json(i)["sizes"] == []]
+    if len(scalars) != 1:
+        raise Failure("expected one 0-dim constant (the multiplier)")
+    s = torch.from_numpy(np.array(np.load(plan.npy_path(scalars[0])), copy=True))
+    return lambda weight: (x @ torch.from_numpy(weight).T + torch.from_numpy(b)) * s
+
+
 def xnnpack_weight(mount, manifest_path, factor, out_npy):
     torch = load_torch()
     manifest = json.load(open(manifest_path))
@@ -199,15 +234,7 @@ def xnnpack_weight(mount, manifest_path, factor, out_npy):
     wpath, bpath = weights[0], biases[0]
     w = np.frombuffer(blobs[wpath], dtype="<f4").reshape(n_out, n_in).copy()
     b = np.frombuffer(blobs[bpath], dtype="<f4").copy()
-    plan = Plan(torch, mount, manifest["runtime_check"]["method"])
-    scalars = [i for i in plan.constants_index() if plan.value_json(i)["sizes"] == []]
-    if len(scalars) != 1:
-        raise Failure("expected one 0-dim constant (the multiplier)")
-    s = torch.from_numpy(np.array(np.load(plan.npy_path(scalars[0])), copy=True))
-
-    def linear(weight):
-        return (x @ torch.from_numpy(weight).T + torch.from_numpy(b)) * s
-
+    linear = scaled_linear(torch, Plan(torch, mount, manifest["runtime_check"]["method"]), x, b)
     if not allclose(torch, linear(w), expected):
         raise Failure("(x @ W.T + b) * s with the blobs read from the mount does not reproduce the manifest")
     new_w = (w * np.float32(factor)).astype("<f4")
@@ -300,6 +327,180 @@ def verify_relayout(mount, snap, delegate_rel, expected_payload, align):
             raise Failure(f"{rel} starts at {off}, not a multiple of {align}")
 
 
+# --- XNNPACK values through xnnpack/ ----------------------------------------------------
+
+
+def xnn_dir(mount, method, delegate=0):
+    return os.path.join(mount, "plans", method, "delegates", str(delegate), "xnnpack")
+
+
+def xnn_json(d, name):
+    return json.load(open(os.path.join(d, name)))
+
+
+def xnn_value(d, i):
+    return xnn_json(d, os.path.join("values", f"{i}.json"))
+
+
+def fully_connected(d):
+    """The fields of the delegate's one XNNFullyConnected node."""
+    nodes = [n["xnode_union"] for n in xnn_json(d, "graph.json")["xnodes"]]
+    fcs = [n for n in nodes if n["type"] == "XNNFullyConnected"]
+    if len(fcs) != 1:
+        raise Failure(f"{d}: expected one XNNFullyConnected node, found {len(fcs)}")
+    return fcs[0], nodes
+
+
+def span(place):
+    """A byte range a value's .json names; `file` is the model file's name."""
+    return {"file": os.path.basename(place["file"]), "start": place["file_offset"], "end": place["file_offset"] + place["nbytes"]}
+
+
+def xnnpack_fp32_filter(mount, manifest_path, factor, out_npy, ranges_json):
+    torch = load_torch()
+    manifest = json.load(open(manifest_path))
+    inputs, expected = manifest_io(torch, manifest)
+    (x,) = inputs
+    method = manifest["runtime_check"]["method"]
+    d = xnn_dir(mount, method)
+    fc, _ = fully_connected(d)
+    fv = xnn_value(d, fc["filter_id"])
+    if fv["datatype"] != "fp32":
+        raise Failure(f"the filter %{fc['filter_id']} is {fv['datatype']}, expected fp32")
+    w_path = os.path.join(d, "values", f"{fc['filter_id']}.npy")
+    w = np.load(w_path)
+    b = np.load(os.path.join(d, "values", f"{fc['bias_id']}.npy"))
+    linear = scaled_linear(torch, Plan(torch, mount, method), x, b)
+    if not allclose(torch, linear(w), expected):
+        raise Failure("(x @ W.T + b) * s with the values read from xnnpack/ does not reproduce the manifest")
+    new_w = (w * np.float32(float(factor))).astype(w.dtype)
+    np.save(w_path, new_w)
+    back = np.load(w_path)
+    if back.dtype != new_w.dtype or back.shape != new_w.shape or back.tobytes() != new_w.tobytes():
+        raise Failure(f"{os.path.relpath(w_path, mount)} read back after the write differs from what was written")
+    np.save(out_npy, linear(new_w).numpy())
+    json.dump([span(fv["constant"])], open(ranges_json, "w"))
+    print(os.path.relpath(w_path, mount))
+
+
+QMAX = {"qcint4": 7, "qbint4": 7, "qcint8": 127, "qint8": 127}
+
+
+def xnnpack_f32_filter(mount, manifest_path, datatype, delegate, pred_npy, tol_npy, ranges_json):
+    torch = load_torch()
+    manifest = json.load(open(manifest_path))
+    inputs, _ = manifest_io(torch, manifest)
+    d = xnn_dir(mount, manifest["runtime_check"]["method"], delegate)
+    values = sorted(int(f[: -len(".json")]) for f in os.listdir(os.path.join(d, "values")) if f.endswith(".json"))
+    filters = [
+        v for v in (xnn_value(d, i) for i in values)
+        if v["datatype"] == datatype and [u["role"] for u in v["used_by"]] == ["filter"]
+    ]
+    if not filters:
+        raise Failure(f"{d}: no {datatype} filter")
+    fv = filters[0]
+    ranges = [span(fv["constant"]), span(fv["quant"]["scales"])]
+    fc, nodes = fully_connected(d)
+    bias = xnn_value(d, fc["bias_id"]) if fc.get("bias_id") not in (None, 0xFFFFFFFF) else None
+    if bias is not None and bias["datatype"] in ("qint32", "qcint32"):
+        ranges += [span(bias["constant"]), span(bias["quant"]["scales"])]
+    path = os.path.join(d, "values", f"{fv['id']}.f32.npy")
+    w = np.load(path)
+    shift = ((np.arange(w.size) % 7) - 3).astype(np.float32).reshape(w.shape)
+    new = (w * np.float32(1.5) + np.float32(0.03) * np.abs(w).max() * shift).astype(np.float32)
+    np.save(path, new)
+    back = np.load(path)
+    worst = float(np.abs(back - new).max())
+    if back.shape != new.shape or worst > 0.5 * float(np.abs(new).max()) / QMAX[datatype] * 1.01:
+        raise Failure(f"{os.path.relpath(path, mount)} reads back {worst} away from what was written")
+    json.dump(ranges, open(ranges_json, "w"))
+    rel = os.path.relpath(path, mount)
+    linear = [n["type"] for n in nodes] in (["XNNConvert", "XNNFullyConnected"], ["XNNConvert", "XNNFullyConnected", "XNNConvert"])
+    if not linear or fc["filter_id"] != fv["id"]:
+        print(f"{rel} unpredictable")
+        return
+    # The delegate is the whole method only when it is the plan's one instruction.
+    if len(Plan(torch, mount, manifest["runtime_check"]["method"]).instructions) != 1 or len(inputs) != 1:
+        print(f"{rel} unpredictable")
+        return
+    x = inputs[0].numpy().astype(np.float64)
+    wd = back.astype(np.float64)
+    if bias is None:
+        b = 0.0
+    elif os.path.exists(os.path.join(d, "values", f"{bias['id']}.f32.npy")):
+        b = np.load(os.path.join(d, "values", f"{bias['id']}.f32.npy")).astype(np.float64)
+    else:
+        b = np.load(os.path.join(d, "values", f"{bias['id']}.npy")).astype(np.float64)
+    qin = xnn_value(d, fc["input1_id"])
+    if qin["datatype"] == "qdint8":
+        # Dynamic: each row quantized asymmetrically over [min(x, 0), max(x, 0)] in 255
+        # steps; the output can differ from the float product by half a step per weight.
+        step = (np.maximum(x.max(axis=-1), 0) - np.minimum(x.min(axis=-1), 0)) / 255
+        pred = x @ wd.T + b
+        tol = 0.5 * step[..., None] * np.abs(wd).sum(axis=1)[None, :] * 1.01 + 1e-5
+    elif qin["datatype"] == "qint8":
+        # Static: the input quantized with its scale and zero point, int32 accumulation, the
+        # output requantized with its own; rounding may differ by one output step.
+        s_in, z_in = qin["quant"]["scale"], qin["quant"]["zero_point"]
+        qout = xnn_value(d, fc["output_id"])
+        s_out, z_out = qout["quant"]["scale"], qout["quant"]["zero_point"]
+        xq = np.clip(np.rint(x / s_in) + z_in, -128, 127)
+        acc = ((xq - z_in) * s_in) @ wd.T + b
+        pred = (np.clip(np.rint(acc / s_out) + z_out, -128, 127) - z_out) * s_out
+        tol = np.full(pred.shape, 1.01 * s_out)
+    else:
+        print(f"{rel} unpredictable")
+        return
+    np.save(pred_npy, pred.astype(np.float32))
+    np.save(tol_npy, tol.astype(np.float32))
+    print(rel)
+
+
+def run_within(pte, ptd, manifest_path, pred_npy, tol_npy):
+    torch = load_torch()
+    manifest = json.load(open(manifest_path))
+    rc = manifest["runtime_check"]
+    result = run_in_child(pte, None if ptd == "-" else ptd, rc["method"], rc["inputs"], rc.get("imports", ()))
+    if result[0] != "ok":
+        raise Failure(f"runtime: {result[1]}")
+    _, shape, values, dtype = result
+    exp = rc["expected"]
+    if close(torch, shape, values, exp["shape"], exp["values"], dtype):
+        raise Failure("the output is unchanged")
+    pred, tol = np.load(pred_npy), np.load(tol_npy)
+    got = np.asarray(values, np.float64).reshape(shape)
+    if list(got.shape) != list(pred.shape):
+        raise Failure(f"output shape {list(got.shape)}, predicted {list(pred.shape)}")
+    dev = np.abs(got - pred)
+    if (dev > tol).any():
+        k = int(np.argmax(dev - tol))
+        raise Failure(f"output element {k} is {got.flat[k]}, predicted {pred.flat[k]} within {tol.flat[k]}")
+    print(f"changed; within the predicted bound (max |out - predicted| {dev.max():.3g}, bound {tol.max():.3g})")
+
+
+def verify_diff(original, edited, ranges_json):
+    a, b = read_bytes(original), read_bytes(edited)
+    if len(a) != len(b):
+        raise Failure(f"{os.path.basename(edited)} changed size ({len(a)} -> {len(b)} bytes)")
+    me = os.path.basename(edited)
+    ranges = [(r["start"], r["end"]) for r in json.load(open(ranges_json)) if r["file"] == me]
+    diff = np.flatnonzero(np.frombuffer(a, np.uint8) != np.frombuffer(b, np.uint8))
+    outside = [int(i) for i in diff if not any(s <= i < e for s, e in ranges)]
+    if outside:
+        raise Failure(f"{os.path.basename(edited)}: byte {outside[0]} changed, outside the edited values' ranges {ranges}")
+    if not ranges or not any(ranges[0][0] <= i < ranges[0][1] for i in diff):
+        raise Failure(f"{os.path.basename(edited)}: the weights did not change")
+    print(f"{len(diff)} bytes differ, all in {len(ranges)} ranges of the edited values")
+
+
+XNNPACK_CMDS = {
+    "xnnpack-fp32-filter": (xnnpack_fp32_filter, 5),
+    "xnnpack-f32-filter": (xnnpack_f32_filter, 7),
+    "run-within": (run_within, 5),
+    "verify-diff": (verify_diff, 3),
+}
+
+
 def main(argv):
     cmds = {
         "plan-weight": (plan_weight, 4),
@@ -308,6 +509,7 @@ def main(argv):
         "snapshot": (snapshot, 2),
         "verify-relayout": (verify_relayout, 5),
     }
+    cmds.update(XNNPACK_CMDS)
     if len(argv) < 2 or argv[1] not in cmds or len(argv) - 2 != cmds[argv[1]][1]:
         print(__doc__, file=sys.stderr)
         return 2

@@ -6,11 +6,14 @@
 //! channels-last convolution, every datatype). Synthetic payloads cover the `XN00` schema, bare
 //! flatbuffers and constants inside the payload, which no current exporter writes.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use common::Rng;
 use ptefs::backend::xnnpack::quant::QuantLayout;
 use ptefs::backend::xnnpack::render::{
     graph_json, graph_txt, header_json, value_json, ResolvedBytes,
@@ -647,19 +650,7 @@ fn llama_4bit_filters_dequantize_to_finite_values_of_their_shape() {
 
 /// `XH00` header + flatbuffer + constant region, laid out as ExecuTorch lays them out.
 fn with_header(flatbuffer: &[u8], constants: &[u8]) -> Vec<u8> {
-    let fb_offset = 32u32;
-    let padded = flatbuffer.len().div_ceil(16) * 16;
-    let cd_offset = fb_offset as usize + padded;
-    let mut out = vec![0u8; cd_offset];
-    out[4..8].copy_from_slice(b"XH00");
-    out[8..10].copy_from_slice(&30u16.to_le_bytes());
-    out[10..14].copy_from_slice(&fb_offset.to_le_bytes());
-    out[14..18].copy_from_slice(&(flatbuffer.len() as u32).to_le_bytes());
-    out[18..22].copy_from_slice(&(cd_offset as u32).to_le_bytes());
-    out[22..30].copy_from_slice(&(constants.len() as u64).to_le_bytes());
-    out[32..32 + flatbuffer.len()].copy_from_slice(flatbuffer);
-    out.extend_from_slice(constants);
-    out
+    ptefs::backend::xnnpack::header::payload_with_header(flatbuffer, constants).unwrap()
 }
 
 fn pack(graph: &xnn_fb::XNNGraphT, identifier: &str) -> Vec<u8> {
@@ -847,6 +838,112 @@ fn a_bare_flatbuffer_with_named_constants_has_no_constant_buffer() {
     let bare = &d.payload[g.flatbuffer.as_usize()];
     let e = decode(bare).unwrap_err();
     assert!(e.message().contains("constant_buffer"), "{e}");
+}
+
+/// `linear_graph` with a quantized filter and bias (each a named constant with named
+/// scales), and optionally a second linear that adds the same bias to another filter.
+fn quantized_linear(
+    filter: xnn_fb::XNNDatatype, filter_quant: xnn_fb::XNNQuantParamsT, bias: xnn_fb::XNNDatatype,
+    second_node: bool,
+) -> XnnGraph {
+    let quantized = |id, datatype, dims: &[u32], constant, quant| {
+        let mut q = xnn_fb::XNNQuantizedTensorValueT::default();
+        q.tensor_value = Some(Box::new(tensor_t(id, datatype, dims, constant)));
+        q.quant_params = quant;
+        xvalue(xnn_fb::XValueUnionT::XNNQuantizedTensorValue(Box::new(q)))
+    };
+    let per_channel = |scale_buffer_idx| {
+        let mut q = xnn_fb::PerChannelQuantT::default();
+        (q.scale_buffer_idx, q.num_scales) = (scale_buffer_idx, 3);
+        xnn_fb::XNNQuantParamsT::PerChannelQuant(Box::new(q))
+    };
+    let mut g = linear_graph();
+    let values = g.xvalues.as_mut().unwrap();
+    values[1] = quantized(1, filter, &[3, 64], 1, filter_quant);
+    values[2] = match bias {
+        xnn_fb::XNNDatatype::xnn_datatype_fp32 => tensor(2, bias, &[3], 3),
+        _ => quantized(2, bias, &[3], 3, per_channel(4)),
+    };
+    if second_node {
+        values.push(quantized(4, filter, &[3, 64], 5, per_channel(2)));
+        let mut fc = xnn_fb::XNNFullyConnectedT::default();
+        (fc.input1_id, fc.filter_id, fc.bias_id, fc.output_id) = (0, 4, 2, 3);
+        let mut node = xnn_fb::XNodeT::default();
+        node.xnode_union = xnn_fb::XNodeUnionT::XNNFullyConnected(Box::new(fc));
+        g.xnodes.as_mut().unwrap().push(node);
+    }
+    g.constant_data = Some(
+        ["", "w", "ws", "b", "bs", "w2"]
+            .iter()
+            .map(|k| constant_entry(u64::MAX, 16, (!k.is_empty()).then_some(*k)))
+            .collect(),
+    );
+    decode(&with_header(&pack(&g, "XN01"), &[])).unwrap()
+}
+
+/// Which writes get fresh scales and which int32 biases follow them (`ScalePlan`).
+#[test]
+fn scale_plans_follow_how_the_runtime_reads_each_constant() {
+    use ptefs::backend::xnnpack::placed::{scale_plan, ScalePlan};
+    use xnn_fb::XNNDatatype as D;
+    let per_channel = || {
+        let mut q = xnn_fb::PerChannelQuantT::default();
+        (q.scale_buffer_idx, q.num_scales) = (2, 3);
+        xnn_fb::XNNQuantParamsT::PerChannelQuant(Box::new(q))
+    };
+    let blockwise = || {
+        let mut q = xnn_fb::PerChannelGroupQuantT::default();
+        (q.scale_buffer_idx, q.num_scales, q.group_size) = (2, 6, 32);
+        xnn_fb::XNNQuantParamsT::PerChannelGroupQuant(Box::new(q))
+    };
+    let (qcint8, qcint4, qbint4) = (
+        D::xnn_datatype_qcint8,
+        D::xnn_datatype_qcint4,
+        D::xnn_datatype_qbint4,
+    );
+    let (qcint32, fp32) = (D::xnn_datatype_qcint32, D::xnn_datatype_fp32);
+    let fresh = |biases: Vec<u32>| Ok(ScalePlan::Fresh { biases });
+    // (filter, its quantization, bias, a second node adding the bias, the filter's plan)
+    let cases = [
+        // An int32 bias follows its filter's fresh scales.
+        (qcint8, per_channel(), qcint32, false, fresh(vec![2])),
+        // A float bias has nothing to follow.
+        (qcint4, per_channel(), fp32, false, fresh(vec![])),
+        (qbint4, blockwise(), fp32, false, fresh(vec![])),
+        // Blockwise scales cannot carry an int32 bias's unit.
+        (
+            qbint4,
+            blockwise(),
+            qcint32,
+            false,
+            Err("blockwise scales give no per-output scale"),
+        ),
+        // A bias added to two filters follows neither alone.
+        (
+            qcint8,
+            per_channel(),
+            qcint32,
+            true,
+            Err("its bias %2 (qcint32[3]) is also the bias of node 1"),
+        ),
+    ];
+    for (filter, quant, bias, second, want) in cases {
+        let g = quantized_linear(filter, quant, bias, second);
+        let got = scale_plan(&g, g.value(1).unwrap());
+        match (got, want) {
+            (Ok(plan), Ok(want)) => assert_eq!(plan, want, "{filter:?} with a {bias:?} bias"),
+            (Err(e), Err(words)) => {
+                assert_eq!(e.errno(), libc::EINVAL);
+                assert!(e.message().contains(words), "{e}");
+            }
+            (got, want) => panic!("{filter:?} with a {bias:?} bias: {got:?}, expected {want:?}"),
+        }
+        if bias == qcint32 && !second {
+            // The bias itself keeps its scales: the runtime reads it in its node's units.
+            let kept = scale_plan(&g, g.value(2).unwrap()).unwrap();
+            assert!(matches!(kept, ScalePlan::Keep { .. }), "{kept:?}");
+        }
+    }
 }
 
 fn expect_error(graph: &xnn_fb::XNNGraphT, needle: &str) {
@@ -1039,19 +1136,13 @@ fn truncations_and_bit_flips_are_errors_not_panics() {
 
 // ---- quantization round trips ----
 
-/// A deterministic stream of floats in [-1, 1).
-struct Noise(u64);
+/// A float in [-1, 1) from the test's seeded generator.
+fn unit(rng: &mut Rng) -> f32 {
+    ((rng.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
 
-impl Noise {
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| (self.next().to_bits() >> 3) as u8).collect()
-    }
+fn random_bytes(rng: &mut Rng, n: usize) -> Vec<u8> {
+    (0..n).map(|_| rng.next() as u8).collect()
 }
 
 fn value(datatype: Datatype, dims: &[u32], quant: Option<QuantParams>) -> XnnValue {
@@ -1117,9 +1208,9 @@ fn per_tensor(scale: f32, zero_point: i32) -> Option<QuantParams> {
 }
 
 /// Positive normal scales in the layout's dtype.
-fn random_scales(layout: &QuantLayout, noise: &mut Noise) -> Vec<u8> {
+fn random_scales(layout: &QuantLayout, rng: &mut Rng) -> Vec<u8> {
     let n = (layout.scale_nbytes() / layout.scale_dtype().map_or(1, |d| d.size())) as usize;
-    let values: Vec<f32> = (0..n).map(|_| 0.01 + noise.next().abs()).collect();
+    let values: Vec<f32> = (0..n).map(|_| 0.01 + unit(rng).abs()).collect();
     match layout.scale_dtype() {
         None => Vec::new(),
         Some(ScaleDtype::Bf16) => values
@@ -1131,12 +1222,12 @@ fn random_scales(layout: &QuantLayout, noise: &mut Noise) -> Vec<u8> {
 }
 
 /// Stored bytes that are valid for the type (finite halves, nibbles, any integer).
-fn random_data(v: &XnnValue, n: usize, noise: &mut Noise) -> Vec<u8> {
+fn random_data(v: &XnnValue, n: usize, rng: &mut Rng) -> Vec<u8> {
     match v.datatype {
-        Datatype::FP32 => f32_bytes(&(0..n / 4).map(|_| noise.next() * 100.0).collect::<Vec<_>>()),
+        Datatype::FP32 => f32_bytes(&(0..n / 4).map(|_| unit(rng) * 100.0).collect::<Vec<_>>()),
         Datatype::FP16 | Datatype::BF16 => (0..n / 2)
             .flat_map(|_| {
-                let x = noise.next() * 100.0;
+                let x = unit(rng) * 100.0;
                 let h = if v.datatype == Datatype::BF16 {
                     (x.to_bits() >> 16) as u16
                 } else {
@@ -1145,7 +1236,7 @@ fn random_data(v: &XnnValue, n: usize, noise: &mut Noise) -> Vec<u8> {
                 h.to_le_bytes()
             })
             .collect(),
-        _ => noise.bytes(n),
+        _ => random_bytes(rng, n),
     }
 }
 
@@ -1158,9 +1249,9 @@ fn half_bits(x: f32) -> u16 {
 fn round_trip(v: &XnnValue, seed: u64) {
     let what = format!("{:?} {:?}", v.datatype, v.dims);
     let layout = QuantLayout::for_value(v).unwrap_or_else(|e| panic!("{what}: {e}"));
-    let mut noise = Noise(seed);
-    let data = random_data(v, layout.data_nbytes() as usize, &mut noise);
-    let mut scales = random_scales(&layout, &mut noise);
+    let mut rng = Rng::new(seed);
+    let data = random_data(v, layout.data_nbytes() as usize, &mut rng);
+    let mut scales = random_scales(&layout, &mut rng);
     if let Some(QuantParams::PerTensor { scale, .. }) = &v.quant {
         scales = scale.to_le_bytes().to_vec();
     }
@@ -1205,6 +1296,67 @@ fn round_trip(v: &XnnValue, seed: u64) {
             second[i],
             steps[i]
         );
+    }
+    windows_match_the_whole(
+        &layout,
+        &what,
+        &first,
+        &fresh,
+        &fresh_scales,
+        &again,
+        &scales,
+    );
+}
+
+/// Re-quantizing window by window (as a commit streams the written array) stores the same
+/// bytes as the whole at once: with fresh scales in two passes, in one pass for layouts
+/// whose scales each cover one run, and with the stored scales.
+fn windows_match_the_whole(
+    layout: &QuantLayout, what: &str, input: &[f32], fresh: &[u8], fresh_scales: &[u8],
+    kept: &[u8], scales: &[u8],
+) {
+    let n = input.len();
+    let count = layout.scale_values(fresh_scales).unwrap().len();
+    for size in [1, 7, 64, n] {
+        let mut largest = vec![0u32; count];
+        for (k, w) in input.chunks(size).enumerate() {
+            let first = (k * size) as u64;
+            layout.largest_in_window(first, w, &mut largest).unwrap();
+        }
+        let mut s = vec![0u8; fresh_scales.len()];
+        layout.store_fresh_scales(&largest, &mut s).unwrap();
+        assert_eq!(s, fresh_scales, "{what}: scales from windows of {size}");
+        let (mut d, mut k) = (layout.blank_data(), layout.blank_data());
+        for (j, w) in input.chunks(size).enumerate() {
+            let first = (j * size) as u64;
+            layout.encode_window(first, w, &mut d, &s).unwrap();
+            layout.check_window(first, w, scales).unwrap();
+            layout.encode_window(first, w, &mut k, scales).unwrap();
+        }
+        assert_eq!(d, fresh, "{what}: fresh, windows of {size}");
+        assert_eq!(k, kept, "{what}: stored scales, windows of {size}");
+    }
+    if let Some(span) = layout.scale_span() {
+        let size = span as usize * 2;
+        let (mut d, mut s) = (layout.blank_data(), vec![0u8; fresh_scales.len()]);
+        for (j, w) in input.chunks(size).enumerate() {
+            layout
+                .requantize_window((j * size) as u64, w, &mut d, &mut s)
+                .unwrap();
+        }
+        assert_eq!(
+            (d, s),
+            (fresh.to_vec(), fresh_scales.to_vec()),
+            "{what}: one pass"
+        );
+        if span == 1 {
+            return;
+        }
+        let mut s = vec![0u8; fresh_scales.len()];
+        let e = layout
+            .requantize_window(1, &input[1..], &mut layout.blank_data(), &mut s)
+            .unwrap_err();
+        assert!(e.message().contains("not whole runs"), "{e}");
     }
 }
 

@@ -54,8 +54,30 @@ fn exercise_layout(layout: &QuantLayout, data: &[u8], window: u64) {
             .dequantize(&again, &fresh_scales, 0, &mut back)
             .unwrap();
         assert!(back.iter().all(|v| v.is_finite()));
+        // A commit streams the array in windows: the same bytes as the whole.
+        let count = layout.scale_values(&fresh_scales).unwrap().len();
+        let mut largest = vec![0u32; count];
+        for (k, w) in values.chunks(5).enumerate() {
+            layout.largest_in_window(5 * k as u64, w, &mut largest).unwrap();
+        }
+        let mut windowed_scales = vec![0u8; fresh_scales.len()];
+        layout.store_fresh_scales(&largest, &mut windowed_scales).unwrap();
+        let mut windowed = layout.blank_data();
+        for (k, w) in values.chunks(5).enumerate() {
+            layout
+                .encode_window(5 * k as u64, w, &mut windowed, &windowed_scales)
+                .unwrap();
+        }
+        assert_eq!((windowed, windowed_scales), (again.clone(), fresh_scales.clone()));
     }
     let _ = layout.requantize_with_scales(&values, &mut again, &scales);
+    // What a write that rescales an int32 bias does with the scales it reads and stores.
+    if let Ok(read) = layout.scale_values(&scales) {
+        let ratios: Vec<f64> = read.iter().map(|&s| f64::from(s)).collect();
+        let mut rescaled = vec![0u8; stored.len()];
+        let _ = layout.rescale_int32(&stored, &ratios, &mut rescaled);
+        let _ = layout.store_scale_values(&read, &mut fresh_scales);
+    }
 }
 
 fn synthetic(selector: u8, data: &[u8]) -> Option<XnnValue> {

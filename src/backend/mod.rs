@@ -4,7 +4,8 @@
 //! and a `decode(payload)` that returns the backend's own view of the payload or a
 //! [`FormatError`] naming the defect. [`decode_payload`] dispatches on the backend id; a new
 //! backend (Vulkan `VK00`, CoreML, QNN) adds a module, a [`BackendView`] variant and a match
-//! arm. Decoders never panic, never read outside the payload, and depend only on `format`.
+//! arm. Decoders never panic, never read outside the payload, and depend only on `format`
+//! and the crate's error type.
 
 pub mod xnnpack;
 

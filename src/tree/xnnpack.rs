@@ -165,7 +165,8 @@ pub fn read_f32(
     let total = header.len() as u64 + view.layout.numel() * 4;
     let start = offset.min(total);
     let end = offset.saturating_add(u64::from(size)).min(total);
-    let mut out = Vec::with_capacity((end - start) as usize);
+    // A window that starts inside a float is dequantized from that float's first byte.
+    let mut out = Vec::with_capacity((end - start) as usize + 8);
     let h = header.len() as u64;
     if start < h {
         out.extend_from_slice(&header[start as usize..end.min(h) as usize]);
@@ -191,10 +192,18 @@ pub fn read_f32(
         view.layout
             .dequantize(data, scales, first, &mut values)
             .map_err(|e| Error::new(libc::EIO, e.message().to_string()))?;
+        // Whole floats straight into the reply; a window that starts or ends inside a float
+        // drops the bytes outside it.
+        let at = out.len();
+        out.resize(at + 4 * values.len(), 0);
+        for (o, v) in out[at..].chunks_exact_mut(4).zip(&values) {
+            o.copy_from_slice(&v.to_le_bytes());
+        }
         let skip = (a - first * 4) as usize;
-        let take = (b - a) as usize;
-        let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        out.extend_from_slice(&raw[skip..skip + take]);
+        out.truncate(at + skip + (b - a) as usize);
+        if skip > 0 {
+            out.drain(at..at + skip);
+        }
     }
     Ok(out)
 }

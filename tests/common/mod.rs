@@ -175,7 +175,9 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// A whole file of the tree, read through `Fs::read` in `chunk`-byte requests.
 pub fn read_all(fs: &Fs, ino: Ino, chunk: u32) -> Result<Vec<u8>, ptefs::error::Error> {
     let size = fs.getattr(ino)?.size;
-    let mut out = Vec::with_capacity(size as usize);
+    // A hostile payload's dims can make a float32 view look terabytes long; its reads fail
+    // long before that, so its size is no reason to allocate.
+    let mut out = Vec::with_capacity(size.min(1 << 26) as usize);
     while (out.len() as u64) < size {
         let data = fs.read(ino, out.len() as u64, chunk)?;
         if data.bytes().is_empty() {

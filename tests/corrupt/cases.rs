@@ -328,6 +328,7 @@ pub fn corpus() -> Vec<Case> {
         header_fields(&f, &mut out);
         structured(&f, &mut out);
     }
+    crate::payloads::cases(&mut out);
     regressions(&mut out);
     out
 }

@@ -14,6 +14,7 @@
 //! - `mutate`: reading a fixture's regions and tables, and rebuilding a file around them;
 //! - `drivers`: the corpus through the core, from disk, and through the binary's commands;
 //! - `mounted`: a sample of the corpus mounted for real;
+//! - `payloads`: XNNPACK payloads corrupted inside their segments (also in the corpus);
 //! - `live`: files truncated while open;
 //! - `limits`: inputs that once took quadratic time or memory.
 
@@ -36,3 +37,4 @@ mod limits;
 mod live;
 mod mounted;
 mod mutate;
+mod payloads;

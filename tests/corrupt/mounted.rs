@@ -141,7 +141,15 @@ fn walk_mounted(mnt: &Path) -> Result<usize, Vec<String>> {
                 stack.push(path);
                 continue;
             }
-            match std::fs::read(&path) {
+            // Not std::fs::read, which reserves the size first: a float32 view whose dims a
+            // corrupted payload made absurd is terabytes long, and its reads fail with EIO.
+            let mut read = Vec::new();
+            let got = std::fs::File::open(&path)
+                .and_then(|f| {
+                    std::io::Read::read_to_end(&mut std::io::Read::take(f, meta.len()), &mut read)
+                })
+                .map(|_| read);
+            match got {
                 Ok(b) if b.len() as u64 != meta.len() => problems.push(format!(
                     "read {}: {} bytes, but its size is {}",
                     path.display(),

@@ -4,6 +4,8 @@
 //! Payloads may carry values this schema does not name, so a datatype is kept as its raw
 //! `i16`; an unknown value has no name and no size.
 
+use crate::error::{Error, Result};
+
 /// An `XNNDatatype` value as stored in the payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Datatype(pub i16);
@@ -111,11 +113,19 @@ impl Datatype {
     /// dimension gets a zero nibble), so the size is rows × ⌈last / 2⌉. That equals
     /// XNNPACK's own ⌈elements × 4 / 8⌉ whenever the last dimension is even, which
     /// `qbint4` guarantees (its group size is a multiple of 32 dividing that dimension).
-    pub fn nbytes(self, dims: &[u32]) -> Result<u64, String> {
-        let bits = self
-            .bits()
-            .ok_or_else(|| format!("datatype {} has no fixed element size", self.display()))?;
-        let overflow = || format!("byte size of {} {dims:?} overflows 64 bits", self.display());
+    pub fn nbytes(self, dims: &[u32]) -> Result<u64> {
+        let bits = self.bits().ok_or_else(|| {
+            Error::invalid(format!(
+                "datatype {} has no fixed element size",
+                self.display()
+            ))
+        })?;
+        let overflow = || {
+            Error::invalid(format!(
+                "byte size of {} {dims:?} overflows 64 bits",
+                self.display()
+            ))
+        };
         if bits == 4 {
             let (last, rows) = match dims.split_last() {
                 Some((&last, rows)) => (u64::from(last), rows),

@@ -12,6 +12,7 @@ use std::fmt;
 use super::datatype::Datatype;
 use super::header::{parse_header, XnnHeader};
 use super::nodes::{member_fields, FieldValue, Member, NodeField, NO_VALUE};
+use crate::error::Error;
 use crate::format::generated::xnn_fb;
 use crate::format::pte::{describe_verifier_error, verifier_options_for};
 use crate::format::range::{checked_range, ByteRange};
@@ -218,7 +219,7 @@ impl XnnValue {
 
     /// Bytes the constant should have for its datatype and dims (4-bit: half a byte per
     /// element, each row rounded up to a byte), so callers can report a size mismatch.
-    pub fn expected_nbytes(&self) -> Result<u64, String> {
+    pub fn expected_nbytes(&self) -> Result<u64, Error> {
         self.datatype.nbytes(&self.dims)
     }
 

@@ -131,6 +131,37 @@ pub fn parse_header(payload: &[u8]) -> Result<Option<XnnHeader>, FormatError> {
     Ok(Some(header))
 }
 
+/// Where ExecuTorch puts the flatbuffer: right after the 30-byte header, 16-aligned.
+const FLATBUFFER_OFFSET: u32 = 32;
+
+/// A payload laid out as ExecuTorch lays one out: the `XH00` header, `flatbuffer` at offset
+/// 32, then `constants` (the constant region) at the next multiple of 16; what
+/// [`parse_header`] reads back. For tools and tests that build payloads.
+pub fn payload_with_header(flatbuffer: &[u8], constants: &[u8]) -> Result<Vec<u8>, FormatError> {
+    let too_large = || {
+        FormatError::new(format!(
+            "an XNNPACK payload of a {}-byte flatbuffer and {} bytes of constants: offsets and sizes must fit the XH00 header's 32 bits",
+            flatbuffer.len(),
+            constants.len()
+        ))
+    };
+    let fb_size = u32::try_from(flatbuffer.len()).map_err(|_| too_large())?;
+    let cd_offset = FLATBUFFER_OFFSET
+        .checked_add(fb_size.checked_next_multiple_of(16).ok_or_else(too_large)?)
+        .ok_or_else(too_large)?;
+    let mut out = vec![0u8; cd_offset as usize];
+    out[4..8].copy_from_slice(HEADER_MAGIC);
+    out[8..10].copy_from_slice(&HEADER_LENGTH.to_le_bytes());
+    out[10..14].copy_from_slice(&FLATBUFFER_OFFSET.to_le_bytes());
+    out[14..18].copy_from_slice(&fb_size.to_le_bytes());
+    out[18..22].copy_from_slice(&cd_offset.to_le_bytes());
+    out[22..30].copy_from_slice(&(constants.len() as u64).to_le_bytes());
+    let fb_at = FLATBUFFER_OFFSET as usize;
+    out[fb_at..fb_at + flatbuffer.len()].copy_from_slice(flatbuffer);
+    out.extend_from_slice(constants);
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,6 +187,16 @@ mod tests {
         assert!(parse_header(&[0, 0, 0, 0, b'X', b'N', b'0', b'1'])
             .unwrap()
             .is_none());
+    }
+
+    #[test]
+    fn payloads_built_here_read_back() {
+        let p = payload_with_header(&[7; 45], &[9; 5]).unwrap();
+        let h = parse_header(&p).unwrap().unwrap();
+        assert_eq!(h.flatbuffer_range(), ByteRange::new(32, 45).unwrap());
+        assert_eq!(h.constant_range(), ByteRange::new(80, 5).unwrap());
+        assert_eq!(&p[32..77], &[7; 45]);
+        assert_eq!(&p[80..], &[9; 5]);
     }
 
     #[test]

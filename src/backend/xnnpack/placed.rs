@@ -9,6 +9,7 @@ use super::graph::{ConstantRef, QuantParams, XnnGraph, XnnValue};
 use super::nodes::FieldValue;
 use super::quant::QuantLayout;
 use super::Datatype;
+use crate::error::{Error, Result};
 use crate::format::layout::Location;
 use crate::format::range::checked_range;
 use crate::format::Model;
@@ -77,23 +78,95 @@ impl Placed {
     }
 }
 
-/// Whether writing new float32 values into `value` must keep its stored scales instead of
-/// computing fresh ones: per-tensor types (their scale and zero point are shared with the
-/// activations and the bias of the same operation), and filters whose node has an int32
-/// bias (the bias is stored in units of input scale × filter scale).
-pub fn keeps_scales(graph: &XnnGraph, value: &XnnValue) -> bool {
-    if matches!(value.quant, Some(QuantParams::PerTensor { .. })) {
-        return true;
+/// What a re-quantizing write of a value's float32 view does with its scales (DESIGN.md
+/// §3.1). The rule, from how XNNPACK reads each kind of constant:
+///
+/// - A value whose every use is the `filter` of a node (fully connected, convolutions) gets
+///   **fresh scales** computed from the data (per channel, per group, or per tensor). XNNPACK
+///   computes such a node's output scale from the input's, the filter's and the output's
+///   scales, so new filter scales are all it needs; except for an int32 bias (`qint32`,
+///   `qcint32`), which it adds to the integer accumulator as it is: the bias is in units of
+///   input scale × filter scale (channel `c` of the bias with filter scale `c`), and the
+///   runtime never reads the bias's own stored scale (scripts/xnnpack-rules changes it and
+///   the output does not move). Such a bias is listed in `biases`, and the write rescales
+///   it: each integer by old filter scale / new filter scale, and its stored scales by the
+///   inverse, so both the runtime and the bias's dequantized view see the same float bias.
+///   A blockwise filter (`qbint4`) has no per-output scale to do that with; an int32 bias
+///   beside one is refused (XNNPACK's blockwise kernels take fp32 biases).
+/// - Any other quantized constant **keeps its stored scales** (and zero point): an int32
+///   bias, whose unit the runtime derives from its node's input and filter, not from the
+///   scale it stores; and the operands of other operators, whose per-tensor parameters the
+///   quantizer chose for the range of the tensor they stand for and which XNNPACK requires to
+///   equal those of the output for several operators (concatenation, copy, max pooling, …),
+///   a link the payload does not record. Values the kept scales cannot represent are
+///   refused rather than clamped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScalePlan {
+    /// Fresh scales; the ids of the int32 biases to rescale with them (each once).
+    Fresh { biases: Vec<u32> },
+    /// The stored scales are kept, for the reason given.
+    Keep { reason: &'static str },
+}
+
+/// How a write of `value`'s float32 view treats its scales (see [`ScalePlan`]), or why the
+/// write cannot be done soundly.
+pub fn scale_plan(graph: &XnnGraph, value: &XnnValue) -> Result<ScalePlan> {
+    let what = format!("%{} ({})", value.id, value.describe());
+    let int32 = |v: &XnnValue| matches!(v.datatype, Datatype::QINT32 | Datatype::QCINT32);
+    if int32(value) && value.used_by.iter().any(|u| u.role == "bias") {
+        return Ok(ScalePlan::Keep {
+            reason: "an int32 bias is in units of its node's input scale × filter scale",
+        });
     }
-    value.used_by.iter().any(|u| {
-        graph.nodes.get(u.node).is_some_and(|node| {
-            node.fields.iter().any(|f| match f.value {
-                FieldValue::Input(id) if f.role() == "bias" => graph.value(id).is_some_and(|b| {
-                    b.constant.is_some()
-                        && matches!(b.datatype, Datatype::QINT32 | Datatype::QCINT32)
-                }),
-                _ => false,
-            })
-        })
-    })
+    if value.used_by.iter().any(|u| u.role != "filter") {
+        return Ok(ScalePlan::Keep {
+            reason: "an operand other than a filter keeps the quantization parameters of the tensor it stands for",
+        });
+    }
+    let blockwise = matches!(value.quant, Some(QuantParams::PerChannelGroup { .. }));
+    let mut biases: Vec<u32> = Vec::new();
+    for u in &value.used_by {
+        let Some(node) = graph.nodes.get(u.node) else {
+            continue;
+        };
+        let Some(FieldValue::Input(id)) = node.field("bias_id") else {
+            continue;
+        };
+        let Some(bias) = graph
+            .value(*id)
+            .filter(|b| b.constant.is_some() && int32(b))
+        else {
+            continue;
+        };
+        let node_what = format!("node {} ({})", u.node, node.display_op());
+        if blockwise {
+            return Err(Error::invalid(format!(
+                "{what}: the filter of {node_what}, whose bias %{} ({}) is int32 in units of input scale × filter scale; \
+                 blockwise scales give no per-output scale to rescale it by",
+                bias.id,
+                bias.describe()
+            )));
+        }
+        // Every node that adds this bias must use this filter: its unit follows the filter.
+        for b in &bias.used_by {
+            let other = graph
+                .nodes
+                .get(b.node)
+                .and_then(|n| n.field("filter_id"))
+                .is_some_and(|f| *f != FieldValue::Input(value.id));
+            if b.role != "bias" || other {
+                return Err(Error::invalid(format!(
+                    "{what}: its bias %{} ({}) is also the {} of node {}, whose unit does not follow this filter's scales",
+                    bias.id,
+                    bias.describe(),
+                    b.role,
+                    b.node
+                )));
+            }
+        }
+        if !biases.contains(&bias.id) {
+            biases.push(bias.id);
+        }
+    }
+    Ok(ScalePlan::Fresh { biases })
 }

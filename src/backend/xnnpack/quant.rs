@@ -29,7 +29,10 @@
 //! dtype first and the weights are quantized with that stored value, so dequantizing the
 //! result reproduces it. XNNPACK refuses scales that are not positive normal floats, so an
 //! all-zero channel or group gets scale 1 and tiny ones at least `f32::MIN_POSITIVE`.
-//! Non-finite inputs are refused.
+//! Non-finite inputs are refused, and so are values that scales kept as stored cannot
+//! represent (more than half a step beyond the range). Which writes get fresh scales is
+//! `placed::ScalePlan`'s rule; an int32 bias that follows a filter's scales is rescaled by
+//! [`QuantLayout::rescale_int32`].
 
 use std::fmt;
 
@@ -117,7 +120,9 @@ impl QuantLayout {
         let desc = value.describe();
         let numel = element_count(&value.dims)
             .ok_or_else(|| QuantError::new(format!("{desc}: element count overflows 64 bits")))?;
-        let data_nbytes = dt.nbytes(&value.dims).map_err(QuantError::new)?;
+        let data_nbytes = dt
+            .nbytes(&value.dims)
+            .map_err(|e| QuantError::new(e.message()))?;
         // Runs never cross a 4-bit row; other types have no rows.
         let row_len = if dt.is_4bit() {
             value.dims.last().map_or(1, |&d| u64::from(d))
@@ -312,6 +317,18 @@ impl QuantLayout {
         )))
     }
 
+    /// Refuses `found` values of something given one per scale, unless there are as many.
+    fn check_per_scale(&self, what: &str, found: usize) -> Result<(), QuantError> {
+        if found as u64 == self.scale_count {
+            return Ok(());
+        }
+        Err(QuantError::new(format!(
+            "{}: {found} {what} given, expected one per scale ({})",
+            self.describe(),
+            self.scale_count
+        )))
+    }
+
     /// The runs of elements `first..end` that share one scale and one 4-bit row.
     fn runs(&self, first: u64, end: u64) -> Runs {
         Runs::new(self, first, end)
@@ -431,27 +448,208 @@ impl QuantLayout {
     ) -> Result<(), QuantError> {
         self.check_requantize(input, data_out)?;
         self.check_len("scales_out", scales_out.len(), self.scale_nbytes(), true)?;
-        if self.scale_count == 0 {
-            self.check_finite(input)?;
-            return self.encode(input, data_out, scales_out);
-        }
         if self.scales_contiguous() {
             return self.requantize_in_one_pass(input, data_out, scales_out);
         }
-        self.check_finite(input)?;
-        self.write_fresh_scales(input, scales_out);
-        self.encode(input, data_out, scales_out)
+        let mut largest = vec![0u32; self.scale_count as usize];
+        self.largest_in_window(0, input, &mut largest)?;
+        self.store_fresh_scales(&largest, scales_out)?;
+        self.fill_padding(data_out);
+        self.encode_window(0, input, data_out, scales_out)
     }
 
     /// Re-quantizes `input` with the scales already stored (`scales`, as for
-    /// [`Self::dequantize`]), clamping what they cannot represent.
+    /// [`Self::dequantize`]). A value those scales cannot represent (beyond the type's range
+    /// by more than half a step) is refused, not clamped: clamping would silently store
+    /// another weight than the one written.
     pub fn requantize_with_scales(
         &self, input: &[f32], data_out: &mut [u8], scales: &[u8],
     ) -> Result<(), QuantError> {
         self.check_requantize(input, data_out)?;
+        self.check_window(0, input, scales)?;
+        self.fill_padding(data_out);
+        self.encode_window(0, input, data_out, scales)
+    }
+
+    // Streaming: the same work on windows of elements, so that a caller never holds more
+    // than a window of float32 values (a 4-bit filter's view is 8 times its bytes). Fresh
+    // scales take two passes: `largest_in_window` over every window, `store_fresh_scales`,
+    // then `encode_window` over every window; stored scales take one (`check_window`, then
+    // `encode_window`).
+
+    /// A buffer for the stored bytes the windows are encoded into: `data_nbytes()` bytes,
+    /// holding the padding nibble (8) that ends odd 4-bit rows.
+    pub fn blank_data(&self) -> Vec<u8> {
+        let mut data = vec![0u8; self.data_nbytes as usize];
+        self.fill_padding(&mut data);
+        data
+    }
+
+    /// The end of the window of `len` elements from `first`, or why it is not a window of
+    /// this tensor.
+    fn window_end(&self, first: u64, len: usize) -> Result<u64, QuantError> {
+        first
+            .checked_add(len as u64)
+            .filter(|&end| end <= self.numel)
+            .ok_or_else(|| {
+                QuantError::new(format!(
+                    "{}: elements {first}..{} given, the tensor has {}",
+                    self.describe(),
+                    first.saturating_add(len as u64),
+                    self.numel
+                ))
+            })
+    }
+
+    /// Folds the window `input` (elements `first..`) into `largest`: per scale, the bits of
+    /// the largest magnitude (non-negative floats order as their bits). Non-finite values
+    /// are refused.
+    pub fn largest_in_window(
+        &self, first: u64, input: &[f32], largest: &mut [u32],
+    ) -> Result<(), QuantError> {
+        let end = self.window_end(first, input.len())?;
+        self.check_per_scale("maxima", largest.len())?;
+        if self.scale_count == 0 {
+            return self.check_finite(first, input);
+        }
+        for run in self.runs(first, end) {
+            let at = (run.start - first) as usize;
+            let bits = self.largest_of(run.start, &input[at..at + run.len])?;
+            largest[run.scale] = largest[run.scale].max(bits);
+        }
+        Ok(())
+    }
+
+    /// Stores the fresh scale of each largest magnitude (`largest_in_window` over every
+    /// element) in the stored dtype, as [`Self::requantize`] computes them.
+    pub fn store_fresh_scales(
+        &self, largest: &[u32], scales_out: &mut [u8],
+    ) -> Result<(), QuantError> {
+        self.check_len("scales_out", scales_out.len(), self.scale_nbytes(), true)?;
+        self.check_per_scale("maxima", largest.len())?;
+        let divisor = self.fresh_scale_divisor();
+        for (index, &bits) in largest.iter().enumerate() {
+            self.store_fresh_scale(scales_out, index, bits, divisor);
+        }
+        Ok(())
+    }
+
+    /// Refuses the first element of the window that is not finite, or that `scales` cannot
+    /// represent: beyond the type's range by more than half a step (or at all, with a scale
+    /// that is not a positive finite float).
+    pub fn check_window(&self, first: u64, input: &[f32], scales: &[u8]) -> Result<(), QuantError> {
+        let end = self.window_end(first, input.len())?;
         self.check_len("scales", scales.len(), self.scale_nbytes(), false)?;
-        self.check_finite(input)?;
-        self.encode(input, data_out, scales)
+        self.check_finite(first, input)?;
+        if self.scale_count == 0 {
+            return Ok(());
+        }
+        let (lo, hi) = int_range(self.datatype);
+        let (lo, hi) = (lo as f64 - 0.5, hi as f64 + 0.5);
+        let zero = f64::from(self.zero_point());
+        for run in self.runs(first, end) {
+            let scale = self.scale_at(scales, run.scale);
+            let at = (run.start - first) as usize;
+            for (k, &v) in input[at..at + run.len].iter().enumerate() {
+                let q = f64::from(v) / f64::from(scale) + zero;
+                if !(lo..=hi).contains(&q) {
+                    return Err(QuantError::new(format!(
+                        "{}: element {} ({v}) is not representable with its stored scale {scale}{}: \
+                         it would be {q:.1}, outside {}..={}",
+                        self.describe(),
+                        run.start + k as u64,
+                        if zero != 0.0 {
+                            format!(" and zero point {zero}")
+                        } else {
+                            String::new()
+                        },
+                        lo + 0.5,
+                        hi - 0.5
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Quantizes the window `input` (elements `first..`) with `scales` into `data_out` (a
+    /// [`Self::blank_data`] buffer), clamping to the type's range; the other nibble of a
+    /// byte the window shares with its neighbour is kept.
+    pub fn encode_window(
+        &self, first: u64, input: &[f32], data_out: &mut [u8], scales: &[u8],
+    ) -> Result<(), QuantError> {
+        let end = self.window_end(first, input.len())?;
+        self.check_len("data_out", data_out.len(), self.data_nbytes, true)?;
+        self.check_len("scales", scales.len(), self.scale_nbytes(), false)?;
+        for run in self.runs(first, end) {
+            let at = (run.start - first) as usize;
+            let scale = if self.scale_count > 0 {
+                self.scale_at(scales, run.scale)
+            } else {
+                1.0
+            };
+            self.encode_run(
+                &input[at..at + run.len],
+                run.start as usize,
+                scale,
+                data_out,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The `scale_nbytes()` bytes of `scales` as the values the runtime computes with, one
+    /// per channel or group (one for per-tensor parameters, none for float types).
+    pub fn scale_values(&self, scales: &[u8]) -> Result<Vec<f32>, QuantError> {
+        self.check_len("scales", scales.len(), self.scale_nbytes(), false)?;
+        Ok((0..self.scale_count as usize)
+            .map(|i| self.scale_at(scales, i))
+            .collect())
+    }
+
+    /// Stores `values` (one per scale) into `out` in the stored scale dtype, each rounded
+    /// the way [`Self::requantize`] rounds fresh scales.
+    pub fn store_scale_values(&self, values: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
+        self.check_len("scales_out", out.len(), self.scale_nbytes(), true)?;
+        self.check_per_scale("scales", values.len())?;
+        for (i, &v) in values.iter().enumerate() {
+            self.store_scale(out, i, v);
+        }
+        Ok(())
+    }
+
+    /// Rescales a stored int32 bias (`qint32`, `qcint32`) whose unit follows a filter's
+    /// scales: the element of channel `c` (its scale index) becomes `round(q × ratios[c])`,
+    /// ties to even, computed in double precision. A result outside the int32 range is
+    /// refused, naming the element.
+    pub fn rescale_int32(
+        &self, data: &[u8], ratios: &[f64], out: &mut [u8],
+    ) -> Result<(), QuantError> {
+        if !matches!(self.datatype, Datatype::QINT32 | Datatype::QCINT32) {
+            return Err(QuantError::new(format!(
+                "{}: only int32 biases are rescaled",
+                self.describe()
+            )));
+        }
+        self.check_len("data", data.len(), self.data_nbytes, false)?;
+        self.check_len("data_out", out.len(), self.data_nbytes, true)?;
+        self.check_per_scale("ratios", ratios.len())?;
+        for run in self.runs(0, self.numel) {
+            let ratio = ratios[run.scale];
+            for e in run.start as usize..run.start as usize + run.len {
+                let b = &data[4 * e..4 * e + 4];
+                let q = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                let r = (f64::from(q) * ratio).round_ties_even();
+                if !(f64::from(i32::MIN)..=f64::from(i32::MAX)).contains(&r) {
+                    return Err(QuantError::new(format!(
+                        "{}: element {e} ({q}) rescaled by {ratio} is {r}, outside the int32 range",
+                        self.describe()
+                    )));
+                }
+                out[4 * e..4 * e + 4].copy_from_slice(&(r as i32).to_le_bytes());
+            }
+        }
+        Ok(())
     }
 
     fn check_requantize(&self, input: &[f32], data_out: &[u8]) -> Result<(), QuantError> {
@@ -466,7 +664,19 @@ impl QuantLayout {
         self.check_len("data_out", data_out.len(), self.data_nbytes, true)
     }
 
-    fn check_finite(&self, input: &[f32]) -> Result<(), QuantError> {
+    /// The bits of the largest magnitude of `values` (elements `start..` of the tensor), or
+    /// the refusal of its first non-finite value.
+    #[inline]
+    fn largest_of(&self, start: u64, values: &[f32]) -> Result<u32, QuantError> {
+        let bits = max_abs_bits(values);
+        if bits >= f32::INFINITY.to_bits() {
+            self.check_finite(start, values)?;
+        }
+        Ok(bits)
+    }
+
+    /// Refuses the first non-finite value of `input`, elements `first..` of the tensor.
+    fn check_finite(&self, first: u64, input: &[f32]) -> Result<(), QuantError> {
         if max_abs_bits(input) < f32::INFINITY.to_bits() {
             return Ok(());
         }
@@ -476,8 +686,9 @@ impl QuantLayout {
             .find(|(_, v)| !v.is_finite())
             .unwrap_or((0, &f32::NAN));
         Err(QuantError::new(format!(
-            "{}: element {i} is {v}; only finite values can be quantized",
-            self.describe()
+            "{}: element {} is {v}; only finite values can be quantized",
+            self.describe(),
+            first + i as u64
         )))
     }
 
@@ -499,13 +710,45 @@ impl QuantLayout {
         &self, input: &[f32], data_out: &mut [u8], scales_out: &mut [u8],
     ) -> Result<(), QuantError> {
         self.fill_padding(data_out);
+        self.requantize_window(0, input, data_out, scales_out)
+    }
+
+    /// The elements one scale covers when each covers one contiguous run (a group, or a
+    /// channel of a tensor whose channel dimension is outermost): windows of a multiple of
+    /// it are re-quantized with fresh scales one at a time by [`Self::requantize_window`].
+    pub fn scale_span(&self) -> Option<u64> {
+        match self.scheme {
+            _ if !self.scales_contiguous() => None,
+            Scheme::Blockwise { group, .. } => Some(group),
+            Scheme::PerChannel { inner, .. } => Some(inner),
+            Scheme::Float | Scheme::PerTensor { .. } => None,
+        }
+    }
+
+    /// Re-quantizes the window `input` (elements `first..`) with fresh scales computed from
+    /// it, into `data_out` (a [`Self::blank_data`] buffer) and `scales_out`: the one-pass
+    /// form of [`Self::requantize`] for layouts with a [`Self::scale_span`]. The window
+    /// starts on a span boundary and ends on one (or at the last element).
+    pub fn requantize_window(
+        &self, first: u64, input: &[f32], data_out: &mut [u8], scales_out: &mut [u8],
+    ) -> Result<(), QuantError> {
+        let end = self.window_end(first, input.len())?;
+        self.check_len("data_out", data_out.len(), self.data_nbytes, true)?;
+        self.check_len("scales_out", scales_out.len(), self.scale_nbytes(), true)?;
+        let aligned = self
+            .scale_span()
+            .is_some_and(|span| first % span == 0 && (end % span == 0 || end == self.numel));
+        if !aligned {
+            return Err(QuantError::new(format!(
+                "{}: elements {first}..{end} are not whole runs of one scale each",
+                self.describe()
+            )));
+        }
         let divisor = self.fresh_scale_divisor();
-        for run in self.runs(0, self.numel) {
-            let values = &input[run.start as usize..run.start as usize + run.len];
-            let largest = max_abs_bits(values);
-            if largest >= f32::INFINITY.to_bits() {
-                return self.check_finite(input);
-            }
+        for run in self.runs(first, end) {
+            let at = (run.start - first) as usize;
+            let values = &input[at..at + run.len];
+            let largest = self.largest_of(run.start, values)?;
             self.store_fresh_scale(scales_out, run.scale, largest, divisor);
             let stored = self.scale_at(scales_out, run.scale);
             self.encode_run(values, run.start as usize, stored, data_out)?;
@@ -528,20 +771,6 @@ impl QuantLayout {
                 room.max(1) as f32
             }
             _ => symmetric_qmax(self.datatype),
-        }
-    }
-
-    /// Computes each scale from the largest magnitude it covers and stores it.
-    fn write_fresh_scales(&self, input: &[f32], scales_out: &mut [u8]) {
-        let divisor = self.fresh_scale_divisor();
-        // Largest |w| per scale, as the bits of a non-negative float (which order as floats).
-        let mut largest = vec![0u32; self.scale_count as usize];
-        for run in self.runs(0, self.numel) {
-            let values = &input[run.start as usize..run.start as usize + run.len];
-            largest[run.scale] = largest[run.scale].max(max_abs_bits(values));
-        }
-        for (index, &bits) in largest.iter().enumerate() {
-            self.store_fresh_scale(scales_out, index, bits, divisor);
         }
     }
 
@@ -588,21 +817,6 @@ impl QuantLayout {
                 out[4 * index..4 * index + 4].copy_from_slice(&exact.to_le_bytes())
             }
         }
-    }
-
-    /// Writes every element of `input` quantized with the stored `scales`.
-    fn encode(&self, input: &[f32], data_out: &mut [u8], scales: &[u8]) -> Result<(), QuantError> {
-        self.fill_padding(data_out);
-        for run in self.runs(0, self.numel) {
-            let values = &input[run.start as usize..run.start as usize + run.len];
-            let scale = if self.scale_count > 0 {
-                self.scale_at(scales, run.scale)
-            } else {
-                1.0
-            };
-            self.encode_run(values, run.start as usize, scale, data_out)?;
-        }
-        Ok(())
     }
 
     fn encode_run(
@@ -947,6 +1161,39 @@ mod tests {
             Scheme::Blockwise { cols, group } => (e / cols) * (cols / group) + (e % cols) / group,
         };
         (scale as usize, e / l.row_len)
+    }
+
+    #[test]
+    fn int32_biases_rescale_per_channel_and_refuse_overflow() {
+        let l = layout(
+            Datatype::QCINT32,
+            &[3],
+            Some(QuantParams::PerChannel {
+                scale: None,
+                channel_dim: 0,
+                scale_buffer_idx: 1,
+                num_scales: 3,
+                scales: scales(ScaleDtype::F32, 3),
+            }),
+        );
+        let data: Vec<u8> = [10i32, -7, 1 << 29]
+            .iter()
+            .flat_map(|q| q.to_le_bytes())
+            .collect();
+        let mut out = vec![0u8; 12];
+        l.rescale_int32(&data, &[2.0, 0.5, 1.0], &mut out).unwrap();
+        let got: Vec<i32> = out
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        // -3.5 rounds to the even -4.
+        assert_eq!(got, [20, -4, 1 << 29]);
+        let e = l
+            .rescale_int32(&data, &[1.0, 1.0, 4.0], &mut out)
+            .unwrap_err();
+        assert!(e.message().contains("element 2"), "{e}");
+        assert!(e.message().contains("outside the int32 range"), "{e}");
+        assert!(l.rescale_int32(&data, &[1.0], &mut out).is_err());
     }
 
     #[test]
