@@ -20,12 +20,16 @@ pub struct Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// The level an errno is logged at when nothing more specific is known.
+/// The level an errno is logged at when nothing more specific is known. Answers to probes
+/// (a missing name or xattr, an ioctl such as `cp`'s FICLONE) are debug lines.
 fn default_level(errno: i32) -> log::Level {
     match errno {
-        libc::ENOENT | libc::ENODATA | libc::ENOTSUP | libc::ENOSYS | libc::ERANGE => {
-            log::Level::Debug
-        }
+        libc::ENOENT
+        | libc::ENODATA
+        | libc::ENOTSUP
+        | libc::ENOSYS
+        | libc::ENOTTY
+        | libc::ERANGE => log::Level::Debug,
         libc::EACCES
         | libc::EPERM
         | libc::EROFS

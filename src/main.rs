@@ -164,7 +164,8 @@ fn die_on_closed_pipe() {
 
 /// The roff man page of `ptefs` (`None`) or of `ptefs <command>`.
 fn man_page(command: Option<&str>, out: &mut dyn Write) -> Result<(), String> {
-    let top = Cli::command();
+    // `help` is clap's, with no page of its own: the pages do not name it.
+    let top = Cli::command().disable_help_subcommand(true);
     let cmd = match command {
         None => top,
         Some(name) => {

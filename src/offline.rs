@@ -172,20 +172,28 @@ pub fn check_report(file: &Path, data: &[PathBuf], max_nodes: u64) -> CheckRepor
     report
 }
 
-/// Journals left by commits that a crash interrupted: the file may hold a partly written
-/// range until `ptefs recover` (or a mount) replays them.
+/// Journals left beside the files, judged as `ptefs recover` judges them: a whole one means
+/// the file may hold a partly written range until it is replayed; a torn one is discarded;
+/// one that no commit of this file can have written is refused, and only a person can
+/// decide what to do with it.
 pub fn interrupted_commits(file: &Path, data: &[PathBuf]) -> Vec<String> {
+    use crate::edit::journal::{journal_path, pending, Pending};
     std::iter::once(file)
         .chain(data.iter().map(PathBuf::as_path))
-        .filter_map(|f| {
-            let j = crate::edit::journal::journal_path(f);
-            std::fs::symlink_metadata(&j).ok()?;
-            Some(format!(
-                "{}: an interrupted commit left this journal, so {} may hold partly written bytes: run `ptefs recover {}` (or mount the file once) to finish or discard it",
-                j.display(),
-                f.display(),
-                f.display()
-            ))
+        .filter_map(|path| {
+            let j = journal_path(path).display().to_string();
+            let f = path.display();
+            Some(match pending(path).transpose()? {
+                Ok(Pending::Whole { ranges, bytes }) => format!(
+                    "{j}: an interrupted commit left this journal ({bytes} bytes in {ranges} range(s)), so {f} may hold partly written bytes: run `ptefs recover {f}` (or mount the file once) to finish it"
+                ),
+                Ok(Pending::Torn(why)) => format!(
+                    "{j}: {why}; the commit that wrote it did not start changing {f}: `ptefs recover {f}` (or a mount) removes it"
+                ),
+                Err(refusal) => format!(
+                    "{refusal}; `ptefs recover` and mounts refuse {f} until it is gone"
+                ),
+            })
         })
         .collect()
 }

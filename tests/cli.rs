@@ -518,7 +518,8 @@ fn recover_replays_the_journal_over_a_torn_file() {
     let report = text(&out.stdout);
     assert!(
         report.contains(&format!(
-            "an interrupted commit left this journal, so {} may hold partly written bytes: run `ptefs recover {}`",
+            "an interrupted commit left this journal ({} bytes in 1 range(s)), so {} may hold partly written bytes: run `ptefs recover {}`",
+            ModelFile::open(&c.model).unwrap().writable_ranges()[0].len(),
             c.model.display(),
             c.model.display()
         )),
@@ -557,6 +558,19 @@ fn recover_discards_a_torn_journal_and_says_why() {
         .unwrap()
         .set_len(len - 3)
         .unwrap();
+    let out = ptefs(&[&"check", &c.model]);
+    assert!(!out.status.success());
+    let report = text(&out.stdout);
+    assert!(
+        report.contains(&format!(
+            "{}: torn journal: {} bytes, expected {len}; the commit that wrote it did not start changing {}: `ptefs recover {}` (or a mount) removes it",
+            j.display(),
+            len - 3,
+            c.model.display(),
+            c.model.display()
+        )),
+        "{report}"
+    );
     let out = ptefs(&[&"recover", &c.model]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let said = text(&out.stdout);
@@ -590,6 +604,35 @@ fn recover_refuses_an_untrusted_journal_and_leaves_it() {
     );
     assert!(j.exists());
     assert_eq!(std::fs::read(&c.model).unwrap(), torn);
+    // `check` does not send the user to a `recover` that refuses.
+    let out = ptefs(&[&"check", &c.model]);
+    assert!(!out.status.success());
+    let report = text(&out.stdout);
+    assert!(
+        report.contains(&format!(
+            "{}: not replayed: anyone may write it (mode 666); it was left in place (remove it if it is not from an interrupted ptefs commit); `ptefs recover` and mounts refuse {} until it is gone",
+            j.display(),
+            c.model.display()
+        )),
+        "{report}"
+    );
+    assert!(!report.contains("run `ptefs recover"), "{report}");
+}
+
+#[test]
+fn a_journal_of_other_bytes_is_named_with_its_bytes_escaped() {
+    let c = copy_fixture("linear.pte");
+    let j = journal::journal_path(&c.model);
+    std::fs::write(&j, b"\x1b[2Jjunk and more junk bytes").unwrap();
+    std::fs::set_permissions(&j, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = ptefs(&[&"check", &c.model]);
+    assert!(!out.status.success());
+    let report = text(&out.stdout);
+    assert!(
+        report.contains("it does not start with PTEFSJ02 (found \\x1b[2Jjunk)"),
+        "{report}"
+    );
+    assert!(!report.contains('\x1b'), "{report}");
 }
 
 #[test]
@@ -733,6 +776,8 @@ fn completions_and_man_pages_come_from_the_command_definitions() {
         page.contains("recover") && page.contains("completions"),
         "{page}"
     );
+    // Every page it names exists.
+    assert!(!page.contains("ptefs\\-help"), "{page}");
     let page = text(&ptefs(&[&"man", &"recover"]).stdout);
     assert!(page.contains(".TH ptefs-recover 1"), "{page}");
     assert!(page.contains("\\-\\-data"), "{page}");

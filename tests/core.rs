@@ -215,6 +215,11 @@ fn operations_the_tree_has_no_use_for_are_refused_as_the_core_says() {
         assert!(fs.unsupported(op).message().contains(op.name()));
     }
     assert_eq!(fs.unsupported(Unsupported::Ioctl).errno(), libc::ENOTTY);
+    // `cp` asks for FICLONE on every copy: a probe, not worth more than a debug line.
+    assert_eq!(
+        fs.unsupported(Unsupported::Ioctl).level(),
+        log::Level::Debug
+    );
     for op in [
         Unsupported::Lseek,
         Unsupported::Fsyncdir,

@@ -308,9 +308,9 @@ fn parse_header(
     let v1 = magic == MAGIC_V1;
     if magic != MAGIC && !v1 {
         return Err(untrusted(format!(
-            "it does not start with {} (found {:?})",
+            "it does not start with {} (found {})",
             String::from_utf8_lossy(MAGIC),
-            String::from_utf8_lossy(magic)
+            crate::format::header::printable(magic)
         )));
     }
     if (n as u64) < HEADER_LEN {
@@ -397,16 +397,24 @@ fn parse_header(
     })
 }
 
-/// Replays or discards a journal left beside `path` by an interrupted commit, or refuses
-/// (an error naming the journal and why) when it is not one this file's commits wrote.
-pub fn recover(path: &Path) -> Result<Recovery> {
-    let journal = journal_path(path);
-    if std::fs::symlink_metadata(&journal).is_err() {
-        return Ok(Recovery::None);
-    }
-    let model = ModelFile::open_writable(path)
-        .map_err(|e| Error::from(e).context("cannot check the journal of an interrupted commit"))?;
-    let beside = Beside::of(&model)?;
+/// What a journal beside a model file holds, found without changing anything.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Pending {
+    /// A whole journal, which `recover` (or a mount) replays.
+    Whole { ranges: usize, bytes: u64 },
+    /// A journal whose writing was interrupted, which `recover` discards.
+    Torn(String),
+}
+
+/// A journal read and judged against the model file it sits beside.
+enum Found {
+    Whole { parsed: Parsed, all: Vec<u8> },
+    Torn(String),
+}
+
+/// Reads the journal of `model` (known as `path`) through `beside`, if there is one. An
+/// error is a refusal: the journal is not one this file's commits can have written.
+fn examine(path: &Path, model: &ModelFile, beside: &Beside) -> Result<Option<Found>> {
     let name = journal_name(beside.model_name());
     let shown = beside.shown(&name);
     let refuse = |why: String| {
@@ -419,7 +427,7 @@ pub fn recover(path: &Path) -> Result<Recovery> {
         .open_existing(&name)
         .map_err(|e| refuse(e.message().to_string()))?
     else {
-        return Ok(Recovery::None);
+        return Ok(None);
     };
     let meta = j
         .metadata()
@@ -449,7 +457,7 @@ pub fn recover(path: &Path) -> Result<Recovery> {
     let parsed = match parse_header(&j, meta.len(), file_len, &model.writable_ranges()) {
         Ok(p) => p,
         Err(Verdict::Untrusted(why)) => return Err(refuse(why)),
-        Err(Verdict::Torn(why)) => return discard(&beside, &name, format!("torn journal: {why}")),
+        Err(Verdict::Torn(why)) => return Ok(Some(Found::Torn(format!("torn journal: {why}")))),
     };
     // Bounded: the header was checked against the file's size above.
     let mut all = Vec::with_capacity(meta.len() as usize);
@@ -457,17 +465,53 @@ pub fn recover(path: &Path) -> Result<Recovery> {
         .read_to_end(&mut all)
         .map_err(|e| Error::io(format!("read {shown}"), e))?;
     if all.len() as u64 != meta.len() {
-        return discard(
-            &beside,
-            &name,
+        return Ok(Some(Found::Torn(
             "torn journal: it changed while being read".into(),
-        );
+        )));
     }
     let body_end = all.len() - CRC_LEN as usize;
     let sum = u32::from_le_bytes(all[body_end..].try_into().expect("4 bytes"));
     if crc32fast::hash(&all[..body_end]) != sum {
-        return discard(&beside, &name, "torn journal: checksum mismatch".into());
+        return Ok(Some(Found::Torn("torn journal: checksum mismatch".into())));
     }
+    Ok(Some(Found::Whole { parsed, all }))
+}
+
+/// The journal beside `path`, judged as `recover` would judge it, without writing: `None`
+/// when there is none, an error when `recover` would refuse it (naming it and why).
+pub fn pending(path: &Path) -> Result<Option<Pending>> {
+    if std::fs::symlink_metadata(journal_path(path)).is_err() {
+        return Ok(None);
+    }
+    let model = ModelFile::open(path)
+        .map_err(|e| Error::from(e).context("cannot check the journal of an interrupted commit"))?;
+    let beside = Beside::of(&model)?;
+    Ok(match examine(path, &model, &beside)? {
+        None => None,
+        Some(Found::Torn(why)) => Some(Pending::Torn(why)),
+        Some(Found::Whole { parsed, .. }) => Some(Pending::Whole {
+            ranges: parsed.ranges.len(),
+            bytes: parsed.ranges.iter().map(|r| r.len()).sum(),
+        }),
+    })
+}
+
+/// Replays or discards a journal left beside `path` by an interrupted commit, or refuses
+/// (an error naming the journal and why) when it is not one this file's commits wrote.
+pub fn recover(path: &Path) -> Result<Recovery> {
+    if std::fs::symlink_metadata(journal_path(path)).is_err() {
+        return Ok(Recovery::None);
+    }
+    let model = ModelFile::open_writable(path)
+        .map_err(|e| Error::from(e).context("cannot check the journal of an interrupted commit"))?;
+    let beside = Beside::of(&model)?;
+    let name = journal_name(beside.model_name());
+    let shown = beside.shown(&name);
+    let (parsed, all) = match examine(path, &model, &beside)? {
+        None => return Ok(Recovery::None),
+        Some(Found::Torn(why)) => return discard(&beside, &name, why),
+        Some(Found::Whole { parsed, all }) => (parsed, all),
+    };
     let target = model
         .file
         .as_ref()
@@ -478,7 +522,7 @@ pub fn recover(path: &Path) -> Result<Recovery> {
                 format!("{} cannot be opened for writing", path.display()),
             )
         })?;
-    debug_assert_eq!(parsed.file_len, file_len);
+    debug_assert_eq!(parsed.file_len, model.bytes().len() as u64);
     let mut at = parsed.data_start as usize;
     let mut bytes = 0;
     for r in &parsed.ranges {

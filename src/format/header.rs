@@ -78,7 +78,8 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
 }
 
-fn printable(tag: &[u8]) -> String {
+/// Bytes as text a terminal shows safely: ASCII graphic characters as they are, others as `\xNN`.
+pub fn printable(tag: &[u8]) -> String {
     tag.iter()
         .map(|&b| {
             if b.is_ascii_graphic() {

@@ -278,7 +278,7 @@ impl Fs {
                     )
                 }
             }
-            Unsupported::Ioctl => Error::new(libc::ENOTTY, "ioctl: no ioctls here"),
+            Unsupported::Ioctl => Error::new(libc::ENOTTY, "no ioctls here"),
             _ => Error::new(
                 libc::ENOSYS,
                 format!("{}: the kernel's own code serves it", op.name()),

@@ -599,7 +599,7 @@ pub fn too_many_nodes(model: &Model, nodes: u64, max_nodes: u64) -> Error {
              raise the limit with --max-nodes {nodes} (mount also takes -o max_nodes={nodes}) if the memory is there \
              (about {} MiB for the tree alone)",
             model.files[0].path.display(),
-            (nodes * NODE_MEMORY) >> 20
+            (nodes.saturating_mul(NODE_MEMORY)).div_ceil(1 << 20)
         ),
     )
 }
