@@ -39,7 +39,7 @@ fn entries_of(tree: &Tree, model: &Model, named: &[String]) -> Result<Vec<Entry>
     let mut files_of: HashMap<String, Vec<usize>> = HashMap::new();
     for node in &tree.nodes {
         if let Content::Weights(w) = &node.content {
-            for e in w.entries.iter() {
+            for e in tree.weights(w).entries.iter() {
                 files_of
                     .entry(e.name.clone())
                     .or_default()

@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::{copy_fixture, open, pattern, Copied};
 use ptefs::fs::access::Caller;
 use ptefs::fs::{Fs, Lookup, RenameMode, Unsupported, R_OK, W_OK, X_OK};
-use ptefs::tree::Ino;
+use ptefs::tree::{Content, Ino};
 
 const WEIGHT: &str = "plans/forward/values/0.bin";
 
@@ -389,4 +389,24 @@ fn hiding_or_replacing_a_file_needs_write_permission_on_what_it_shows() {
         libc::EACCES
     );
     assert_eq!(errno(fs.lookup(values, name)), libc::ENOENT, "still hidden");
+}
+
+/// `weights.safetensors` lists its tensors when first looked up, not at mount: for a large
+/// model the listing costs more than the rest of the tree.
+#[test]
+fn weights_safetensors_is_listed_on_first_lookup() {
+    let (_c, fs, _, _, _) = linear();
+    let tree = fs.tree();
+    let ino = find(&fs, "weights.safetensors");
+    let Content::Weights(w) = &tree.node(ino).unwrap().content else {
+        panic!("weights.safetensors is a weights file");
+    };
+    assert!(w.built().is_none());
+    assert!(w.entries.get().is_none());
+    let attr = fs.lookup(ptefs::tree::ROOT, OsStr::new("weights.safetensors"));
+    assert!(attr.is_ok());
+    let built = w.built().expect("listed by the lookup");
+    assert_eq!(tree.size(ino), built.len);
+    assert_eq!(w.entries.get().unwrap(), &built.entries);
+    assert!(!built.entries.is_empty());
 }

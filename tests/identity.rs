@@ -21,7 +21,7 @@ use ptefs::format::sharing::{locate, Relation, SharedBytes, TensorId};
 use ptefs::format::writer::{pack_program, pte_program_region};
 use ptefs::format::{Kind, Model, ModelFile, WriteTarget};
 use ptefs::fs::Fs;
-use ptefs::tree::Tree;
+use ptefs::tree::{Content, Tree};
 
 /// The `.bin` of every tensor of the tree that has one, by tensor.
 fn tensor_bins(tree: &Tree) -> BTreeMap<TensorId, String> {
@@ -421,10 +421,10 @@ fn bulk_updates_keep_distinct_tensors_apart() {
     let entries = match &tree
         .node(tree.find("weights.safetensors").unwrap())
         .unwrap()
-        .write
+        .content
     {
-        Some(WriteTarget::Weights { entries }) => entries.clone(),
-        _ => panic!("weights.safetensors is writable"),
+        Content::Weights(w) => tree.weights(w).entries.clone(),
+        _ => panic!("weights.safetensors is a weights file"),
     };
     // Values 8, 9 and 10 of forward are three tensors on one constant buffer.
     let shared: Vec<_> = entries

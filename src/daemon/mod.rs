@@ -219,15 +219,19 @@ const WARNINGS_SHOWN: usize = 10;
 /// What the mount says about a model the runtime would refuse or fail on: the defects
 /// `ptefs check` reports (the first `WARNINGS_SHOWN`), then the `.ptd` files beside the
 /// model that hold keys it lacks.
-fn warnings(tree: &Tree) -> Vec<String> {
-    let mut defects = crate::check::defects(&tree.model);
-    if defects.len() > WARNINGS_SHOWN {
-        let more = defects.len() - WARNINGS_SHOWN;
-        defects.truncate(WARNINGS_SHOWN);
-        defects.push(format!("… and {more} more: `ptefs check` lists them all"));
-    }
-    defects.extend(crate::check::data_beside(&tree.model));
-    defects
+fn warnings(tree: &Tree) -> serve::Warnings {
+    let model = tree.model.clone();
+    // Checked on another thread while the mount starts: the checks walk every value.
+    std::thread::spawn(move || {
+        let mut defects = crate::check::defects(&model);
+        if defects.len() > WARNINGS_SHOWN {
+            let more = defects.len() - WARNINGS_SHOWN;
+            defects.truncate(WARNINGS_SHOWN);
+            defects.push(format!("… and {more} more: `ptefs check` lists them all"));
+        }
+        defects.extend(crate::check::data_beside(&model));
+        defects
+    })
 }
 
 /// Parses the model and its data files and builds the tree that the mount shows, unless it
@@ -306,7 +310,7 @@ pub fn mount(req: &MountRequest) -> Result<()> {
             &config,
             &mountpoint,
             Ready::Foreground,
-            &warnings,
+            warnings,
             claims,
         );
     }
@@ -359,7 +363,7 @@ pub fn mount(req: &MountRequest) -> Result<()> {
                 &config,
                 &mountpoint,
                 ready,
-                &warnings,
+                warnings,
                 claims,
             )
         }

@@ -74,11 +74,20 @@ fn on_signals(fs: Arc<Fs>, mountpoint: PathBuf, events: mpsc::Sender<Event>) {
 /// How often the model files' owner and mode are checked for changes.
 const IDENTITY_POLL: Duration = Duration::from_secs(1);
 
-/// Mounts `tree` on `mountpoint`, reports through `ready` once the mount is live, and serves
-/// until it is unmounted.
+/// What `check` warns about the model, being computed while the mount starts.
+pub type Warnings = std::thread::JoinHandle<Vec<String>>;
+
+fn finished(warnings: Warnings) -> Vec<String> {
+    warnings
+        .join()
+        .unwrap_or_else(|_| vec!["the model's check stopped with an internal error".into()])
+}
+
+/// Mounts `tree` on `mountpoint`, reports through `ready` once the mount is live, with
+/// `warnings`, and serves until it is unmounted.
 pub fn serve(
     tree: Tree, read_only: bool, config: &Config, mountpoint: &Path, ready: Ready,
-    warnings: &[String], claims: Vec<FileClaim>,
+    warnings: Warnings, claims: Vec<FileClaim>,
 ) -> Result<()> {
     // Signals go to the signal thread only: block them before any thread starts.
     let set = signal_set();
@@ -106,7 +115,7 @@ pub fn serve(
             // Released before the report: the next mount may start as soon as it is read.
             drop(claims);
             let failed = Err(e);
-            ready.report(&failed, warnings);
+            ready.report(&failed, &finished(warnings));
             return failed;
         }
     };
@@ -158,7 +167,7 @@ pub fn serve(
         mountpoint.display(),
         if read_only { " (read-only)" } else { "" }
     );
-    ready.report(&Ok(()), warnings);
+    ready.report(&Ok(()), &finished(warnings));
 
     let ended = match events_rx.recv() {
         Ok(Event::Ended(r)) => r,

@@ -243,7 +243,15 @@ pub fn plan<'a>(model: &Model, target: &WriteTarget, data: Source<'a>) -> Result
             let bytes = check_npy(want, data)?;
             Ok(in_place(*location, bytes, *of))
         }
-        WriteTarget::Weights { entries } => super::bulk::plan(model, entries, data).map(|(p, _)| p),
+        WriteTarget::Weights { entries, .. } => {
+            let entries = entries.get().ok_or_else(|| {
+                Error::new(
+                    libc::EIO,
+                    "weights.safetensors: written before its tensors were listed",
+                )
+            })?;
+            super::bulk::plan(model, entries, data).map(|(p, _)| p)
+        }
         WriteTarget::PayloadConstantF32 {
             plan,
             delegate,

@@ -4,7 +4,7 @@
 //!
 //! Invariant: every `Location` here came from `layout`, so it lies inside its file.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::layout::{FileIndex, Location, TensorShape};
 use super::safetensors::Entry;
@@ -51,9 +51,12 @@ pub enum WriteTarget {
         what: Arc<str>,
         of: Option<TensorId>,
     },
-    /// `weights.safetensors` of a model file: a safetensors file naming any subset of its
-    /// tensors, each with the same dtype and shape, all written in one commit.
-    Weights { entries: Arc<[Entry]> },
+    /// `weights.safetensors` of model file `file`: a safetensors file naming any subset of
+    /// its tensors, each with the same dtype and shape, all written in one commit.
+    Weights {
+        file: FileIndex,
+        entries: Arc<WeightsEntries>,
+    },
     /// Its float32 view (`.f32.npy`): re-quantized into the constant's bytes and scales,
     /// which change together. The value is found again in the payload at commit.
     PayloadConstantF32 {
@@ -79,7 +82,34 @@ impl WriteTarget {
             WriteTarget::DelegatePayload { .. } | WriteTarget::PayloadConstantF32 { .. } => {
                 vec![0]
             }
-            WriteTarget::Weights { entries } => entries.iter().map(|e| e.location.file).collect(),
+            // Its tensors are the ones whose bytes are in that file.
+            WriteTarget::Weights { file, .. } => vec![*file],
         }
     }
 }
+
+/// The tensors a `weights.safetensors` shows. The tree lists them when the file is first
+/// looked up, since listing every tensor of a large model costs more than the rest of its
+/// tree and most mounts never open the file; nothing is written to it before then.
+#[derive(Debug, Default)]
+pub struct WeightsEntries(OnceLock<Arc<[Entry]>>);
+
+impl WeightsEntries {
+    /// The entries, once the tree has listed them.
+    pub fn get(&self) -> Option<&Arc<[Entry]>> {
+        self.0.get()
+    }
+
+    /// The entries, listed by `list` on the first call.
+    pub fn get_or_init(&self, list: impl FnOnce() -> Arc<[Entry]>) -> &Arc<[Entry]> {
+        self.0.get_or_init(list)
+    }
+}
+
+impl PartialEq for WeightsEntries {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Eq for WeightsEntries {}

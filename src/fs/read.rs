@@ -107,6 +107,7 @@ fn backing_span(tree: &Tree, ino: Ino, offset: u64, size: u32) -> Option<(usize,
         Content::Npy { header, location } => Some(range(location, header.len() as u64)),
         // The tensors of a `weights.safetensors` follow each other in one file, in file order.
         Content::Weights(w) => {
+            let w = tree.weights(w);
             let pieces = w.pieces(offset, size);
             let mut ranges = pieces.iter().filter_map(|p| match p {
                 Piece::Range(l) => Some(*l),
@@ -252,6 +253,7 @@ pub fn read(tree: Arc<Tree>, ino: Ino, offset: u64, size: u32) -> Result<ReadDat
             Part::Owned(bytes)
         }
         Content::Weights(w) => {
+            let w = tree.weights(w);
             let pieces = w.pieces(offset, size);
             for p in &pieces {
                 if let Piece::Range(l) = p {
@@ -328,7 +330,7 @@ pub fn read_for_copy(tree: Arc<Tree>, ino: Ino, offset: u64, size: u32) -> Resul
     let pieces = match &node.content {
         Content::Range(l) => pieces_of(l, &[], offset, size),
         Content::Npy { header, location } => pieces_of(location, header, offset, size),
-        Content::Weights(w) => w.pieces(offset, size),
+        Content::Weights(w) => tree.weights(w).pieces(offset, size),
         _ => return read(tree.clone(), ino, offset, size),
     };
     let mut out = Vec::with_capacity(size as usize);

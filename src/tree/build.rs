@@ -3,7 +3,7 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 
-use super::weights::WeightsFile;
+use super::weights::LazyWeights;
 use super::xnnpack::{Decoded, Delegates};
 use super::{names, Content, Ino, Names, Node, TextCache, TextKind, Tree, ROOT, UNKNOWN_LEN};
 use crate::backend::xnnpack::placed::{locate, Placed};
@@ -210,19 +210,14 @@ fn add_segments(
 }
 
 /// `weights.safetensors` of file `file`, at `dir` (DESIGN.md §2.8).
-fn add_weights(
-    b: &mut Builder, model: &Model, names: &Names, delegates: &Delegates, dir: Ino, file: FileIndex,
-) {
-    let w = Arc::new(WeightsFile::of(model, names, delegates, file));
+fn add_weights(b: &mut Builder, dir: Ino, file: FileIndex) {
+    let w = LazyWeights::new(file);
     let entries = w.entries.clone();
     let ino = b.push(dir, "weights.safetensors".to_string(), Content::Weights(w));
-    b.node_mut(ino).write = Some(WriteTarget::Weights { entries });
+    b.node_mut(ino).write = Some(WriteTarget::Weights { file, entries });
 }
 
-fn add_ptd(
-    b: &mut Builder, model: &Model, names: &Names, delegates: &Delegates, root: Ino,
-    file: FileIndex,
-) {
+fn add_ptd(b: &mut Builder, model: &Model, names: &Names, root: Ino, file: FileIndex) {
     let ptd = model.ptd(file).expect("a .ptd");
     b.text(root, "header.json", TextKind::HeaderJson(file));
     b.text(root, "flat_tensor.json", TextKind::FlatTensorJson(file));
@@ -255,7 +250,7 @@ fn add_ptd(
         }
     }
     add_segments(b, root, file, &ptd.segments);
-    add_weights(b, model, names, delegates, root, file);
+    add_weights(b, root, file);
 }
 
 /// `plans/<name>/values/`: every value's `.json`, and the `.bin` and `.npy` of tensors whose
@@ -447,12 +442,12 @@ fn add_pte(
         }
     }
     add_segments(b, root, 0, &pte.segments);
-    add_weights(b, model, names, delegates, root, 0);
+    add_weights(b, root, 0);
     if model.files.len() > 1 {
         let data = b.dir(root, "data");
         for (k, name) in names.data.iter().enumerate() {
             let sub = b.dir(data, name);
-            add_ptd(b, model, names, delegates, sub, k + 1);
+            add_ptd(b, model, names, sub, k + 1);
         }
     }
     decoded_dirs
@@ -575,7 +570,7 @@ impl Tree {
                     add_xnnpack(&mut b, &model, dir, p, j, dec);
                 }
             }
-            Kind::Ptd(_) => add_ptd(&mut b, &model, &names, &delegates, ROOT, 0),
+            Kind::Ptd(_) => add_ptd(&mut b, &model, &names, ROOT, 0),
         }
         debug_assert_eq!(
             b.nodes.len() as u64,

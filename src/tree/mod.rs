@@ -25,7 +25,7 @@ pub use build::{node_count, DEFAULT_MAX_NODES};
 pub use cache::{TextCache, TEXT_CACHE_BUDGET};
 pub use names::Names;
 pub use sharing::{Relation, Shared, SharingIndex};
-pub use weights::WeightsFile;
+pub use weights::{LazyWeights, WeightsFile};
 pub use xnnpack::Delegates;
 
 pub type Ino = u64;
@@ -67,7 +67,7 @@ pub enum Content {
         view: Arc<Placed>,
     },
     /// `weights.safetensors`: a generated header, then ranges of a model file.
-    Weights(Arc<WeightsFile>),
+    Weights(LazyWeights),
     /// Generated text; its bytes live in the tree's `TextCache`.
     Text {
         kind: TextKind,
@@ -85,7 +85,10 @@ impl Content {
             Content::Dequantized { view, .. } => {
                 std::iter::once(view.data).chain(view.scales).collect()
             }
-            Content::Weights(w) => w.entries.iter().map(|e| e.location).collect(),
+            Content::Weights(w) => w
+                .built()
+                .map(|w| w.entries.iter().map(|e| e.location).collect())
+                .unwrap_or_default(),
             Content::Dir(_) | Content::Text { .. } => Vec::new(),
         }
     }
@@ -472,7 +475,7 @@ impl Tree {
             Some(Content::Dequantized { header, view }) => {
                 header.len() as u64 + view.layout.numel() * 4
             }
-            Some(Content::Weights(w)) => w.len,
+            Some(Content::Weights(w)) => self.weights(w).len,
             Some(Content::Text { kind, len }) => {
                 let known = len.load(Ordering::Relaxed);
                 if known != UNKNOWN_LEN {

@@ -1,23 +1,61 @@
 //! `weights.safetensors` (DESIGN.md §2.8): every distinct tensor whose bytes are in a model
 //! file, as one safetensors file that the Hugging Face / PyTorch tools read directly.
 //!
-//! Invariants: the header is generated once per tree and is deterministic (tensors sorted by
+//! Invariants: the header is generated once per tree, when the file is first looked up, and is deterministic (tensors sorted by
 //! file offset, then name; `__metadata__` maps each name to its tree path); the data part is
 //! the tensors' byte ranges of the model file, back to back, read from the mapping, never
 //! copied into the tree. A tensor shown by several tree files appears once; distinct
 //! tensors that share bytes (DESIGN.md §2.3) appear each under its own name.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::names::dedupe;
 use super::xnnpack::Delegates;
-use super::Names;
+use super::{Names, Tree};
 use crate::backend::xnnpack::{Datatype, KeyRole};
 use crate::format::layout::{DataKind, FileIndex, Location, TensorShape};
 use crate::format::safetensors::{self, dtype_of, Entry};
 use crate::format::sharing::{self, relation, Identity, Relation, TensorId};
+use crate::format::target::WeightsEntries;
 use crate::format::{Kind, Model};
+
+/// The `weights.safetensors` of one model file, listed on first use (`Tree::weights`):
+/// listing every tensor of a large model costs more than building the rest of its tree.
+#[derive(Debug)]
+pub struct LazyWeights {
+    file: FileIndex,
+    built: OnceLock<WeightsFile>,
+    /// The entries, shared with the file's `WriteTarget::Weights`; set when `built` is.
+    pub entries: Arc<WeightsEntries>,
+}
+
+impl LazyWeights {
+    pub fn new(file: FileIndex) -> LazyWeights {
+        LazyWeights {
+            file,
+            built: OnceLock::new(),
+            entries: Arc::default(),
+        }
+    }
+
+    /// The file, if something has looked it up. A file nobody looked up has never shown
+    /// its size or bytes, so nothing cached from it can be stale.
+    pub fn built(&self) -> Option<&WeightsFile> {
+        self.built.get()
+    }
+}
+
+impl Tree {
+    /// The `weights.safetensors` that `lazy` stands for, listed on the first call.
+    pub fn weights<'a>(&'a self, lazy: &'a LazyWeights) -> &'a WeightsFile {
+        lazy.built.get_or_init(|| {
+            let w = WeightsFile::of(&self.model, &self.names, &self.delegates, lazy.file);
+            lazy.entries.get_or_init(|| w.entries.clone());
+            w
+        })
+    }
+}
 
 /// The `weights.safetensors` of one model file.
 #[derive(Debug)]
