@@ -260,6 +260,18 @@ fn a_payload_that_does_not_decode_is_a_defect_and_a_warning() {
 
 // ---- one mount per file; umount only of ptefs's own mounts ----
 
+/// Asserts that mounting `other` on a new directory beside the model of `m` is refused,
+/// naming the mount `m` made.
+fn refused_as_mounted_by(m: &Mount, other: &Path) {
+    let second = m.model.parent().unwrap().join("second");
+    let _ = std::fs::create_dir(&second);
+    refused(
+        &ptefs(&[&"mount", &other, &second]),
+        &format!("is already mounted on {} (ptefs pid ", m.mnt.display()),
+    );
+    assert!(!is_mounted(&second));
+}
+
 #[test]
 fn a_file_is_mounted_once_whatever_path_or_link_names_it() {
     if fuse_missing() {
@@ -273,15 +285,44 @@ fn a_file_is_mounted_once_whatever_path_or_link_names_it() {
     let alias = root.join("alias");
     std::os::unix::fs::symlink(&root, &alias).unwrap();
     let by_alias = alias.join("linear.pte");
-    let second = subdir(&root, "second");
     for other in [&link, &by_alias] {
-        let out = ptefs(&[&"mount", other, &second]);
-        refused(
-            &out,
-            &format!("is already mounted on {} (ptefs pid ", m.mnt.display()),
-        );
-        assert!(!is_mounted(&second));
+        refused_as_mounted_by(&m, other);
     }
+}
+
+#[test]
+fn the_claim_follows_the_file_through_a_relayout() {
+    if fuse_missing() {
+        return;
+    }
+    let fx = fixtures_dir().join("linear_xnnpack.pte");
+    let m = Mount::new(&fx, &[], &[]);
+    let before = std::fs::metadata(&m.model).unwrap().ino();
+    let payload = m.path("plans/forward/delegates/0/processed.bin");
+    let mut grown = std::fs::read(&payload).unwrap();
+    grown.extend(pattern(1000, 3));
+    std::fs::write(&payload, &grown).unwrap();
+    // The re-layout renamed a new inode over the model: that inode is the mounted one now,
+    // and the old one, which the file system may give to any new file, is claimed no more.
+    let after = std::fs::metadata(&m.model).unwrap().ino();
+    assert_ne!(before, after, "the write did not re-lay the file out");
+    let root = m.model.parent().unwrap().to_path_buf();
+    let link = root.join("hard-link.pte");
+    std::fs::hard_link(&m.model, &link).unwrap();
+    refused_as_mounted_by(&m, &link);
+    let claims: Vec<String> = std::fs::read_dir("/run/ptefs")
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let dev = std::fs::metadata(&m.model).unwrap().dev();
+    assert!(
+        claims.contains(&format!("file-{dev}-{after}.lock")),
+        "{claims:?}"
+    );
+    assert!(
+        !claims.contains(&format!("file-{dev}-{before}.lock")),
+        "{claims:?}"
+    );
 }
 
 #[test]

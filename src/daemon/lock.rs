@@ -224,11 +224,18 @@ impl Drop for MountLock {
 }
 
 /// Held by a daemon for each file it mounts, so that a file is mounted once: two daemons
-/// committing into one file would each write from a stale view of it.
+/// committing into one file would each write from a stale view of it. A claim names the
+/// file's device and inode; a commit that re-lays the file out renames a new inode over it,
+/// and the claim then follows (`follow`), so that it never names an inode the file system
+/// has freed and may give to an unrelated new file.
 pub struct FileClaim {
     dir: File,
     name: String,
-    _file: File,
+    file: File,
+    /// The claimed model file, as its holder opened it.
+    model: PathBuf,
+    /// The first line of the claim file, saying who holds it.
+    holder: String,
 }
 
 fn claim_name(meta: &std::fs::Metadata) -> String {
@@ -259,81 +266,111 @@ const RECOVERING: &str = "being recovered by ptefs recover";
 
 /// Claims `model` for `holder`, or says who holds it already.
 pub fn claim_file(model: &Path, holder: Holder) -> Result<FileClaim> {
+    claim_file_in(&runtime_dirs(), model, holder)
+}
+
+/// Claims `model` for `holder` in the first usable directory of `dirs`.
+pub fn claim_file_in(dirs: &[PathBuf], model: &Path, holder: Holder) -> Result<FileClaim> {
     let meta = std::fs::metadata(model).map_err(|e| Error::io(model.display(), e))?;
-    let name = claim_name(&meta);
+    let holder = holder.describe();
     let mut last = None;
-    for path in runtime_dirs() {
-        let dir = match private_dir(&path) {
-            Ok(d) => d,
-            Err(e) => {
-                last = Some(e);
-                continue;
-            }
-        };
+    for path in dirs {
+        match private_dir(path) {
+            Ok(dir) => return FileClaim::take(dir, model, &meta, holder),
+            Err(e) => last = Some(e),
+        }
+    }
+    let e = last.unwrap_or_else(|| Error::new(libc::ENOENT, "no runtime directory"));
+    // Without a private directory there is no record to check against.
+    log::warn!("cannot record the mount of {}: {e}", model.display());
+    Err(e)
+}
+
+impl FileClaim {
+    /// Claims the file `meta` describes (named `model`) in `dir`.
+    fn take(
+        dir: File, model: &Path, meta: &std::fs::Metadata, holder: String,
+    ) -> Result<FileClaim> {
+        let name = claim_name(meta);
         // A claim released (and its file removed) between our open and our lock leaves us
         // holding a removed file: check the name still names it, else open it again.
         for _ in 0..100 {
             let mut file = open_in(&dir, &name, true)?;
             // SAFETY: flock on a descriptor we own.
             if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-                let mut holder = String::new();
-                let _ = file.read_to_string(&mut holder);
-                let mut lines = holder.lines();
-                let at = lines.next().unwrap_or("mounted elsewhere");
-                let pid = lines.next().unwrap_or("?");
-                let advice = if at == APPLYING || at == RECOVERING {
-                    "try again once it is done"
-                } else {
-                    "unmount it first"
-                };
-                return Err(Error::new(
-                    libc::EBUSY,
-                    format!(
-                        "{} is already {at} (ptefs pid {pid}); {advice}",
-                        model.display()
-                    ),
-                ));
+                return Err(held_by_other(&mut file, model));
             }
             if !still_named(&dir, &name, &file) {
                 continue;
             }
             let _ = file.set_len(0);
-            let _ = write!(file, "{}\n{}\n", holder.describe(), std::process::id());
+            let _ = write!(file, "{holder}\n{}\n", std::process::id());
             return Ok(FileClaim {
                 dir,
                 name,
-                _file: file,
+                file,
+                model: model.to_path_buf(),
+                holder,
             });
         }
-    }
-    match last {
-        // Without a private directory there is no record to check against.
-        Some(e) => {
-            log::warn!("cannot record the mount of {}: {e}", model.display());
-            Err(e)
-        }
-        None => Err(Error::new(
+        Err(Error::new(
             libc::EBUSY,
             format!("cannot claim {}: it keeps changing", model.display()),
-        )),
+        ))
     }
-}
 
-impl FileClaim {
+    /// The claimed model file.
+    pub fn model(&self) -> &Path {
+        &self.model
+    }
+
     /// The daemon's pid, once it is known (after the fork).
-    pub fn record_daemon(&mut self, mountpoint: &Path) {
-        let _ = self._file.set_len(0);
+    pub fn record_daemon(&mut self) {
+        let _ = self.file.set_len(0);
         let _ = std::os::unix::fs::FileExt::write_all_at(
-            &self._file,
-            format!(
-                "{}\n{}\n",
-                Holder::Mount(mountpoint).describe(),
-                std::process::id()
-            )
-            .as_bytes(),
+            &self.file,
+            format!("{}\n{}\n", self.holder, std::process::id()).as_bytes(),
             0,
         );
     }
+
+    /// Moves the claim to the file `meta` describes, which now has the model's name (a
+    /// re-layout renamed it there). The caller still holds the old file open, so its inode
+    /// cannot be given to another file before the old claim is gone.
+    pub fn follow(&mut self, meta: &std::fs::Metadata) -> Result<()> {
+        if claim_name(meta) == self.name {
+            return Ok(());
+        }
+        let dir = self
+            .dir
+            .try_clone()
+            .map_err(|e| Error::io("the runtime directory", e))?;
+        let new = FileClaim::take(dir, &self.model, meta, self.holder.clone())?;
+        // The old claim is released (and its file removed) as `new` takes its place.
+        *self = new;
+        Ok(())
+    }
+}
+
+/// The refusal of a claim `file` that another process holds, naming it.
+fn held_by_other(file: &mut File, model: &Path) -> Error {
+    let mut holder = String::new();
+    let _ = file.take(4096).read_to_string(&mut holder);
+    let mut lines = holder.lines();
+    let at = lines.next().unwrap_or("mounted elsewhere");
+    let pid = lines.next().unwrap_or("?");
+    let advice = if at == APPLYING || at == RECOVERING {
+        "try again once it is done"
+    } else {
+        "unmount it first"
+    };
+    Error::new(
+        libc::EBUSY,
+        format!(
+            "{} is already {at} (ptefs pid {pid}); {advice}",
+            model.display()
+        ),
+    )
 }
 
 impl Drop for FileClaim {
@@ -487,5 +524,41 @@ mod tests {
         assert!(fresh.join(lock_name("0:99")).is_file());
         drop(lock);
         assert!(!fresh.join(lock_name("0:99")).exists());
+    }
+
+    #[test]
+    fn a_claim_follows_its_file_to_a_new_inode_and_frees_the_old() {
+        let base = tempfile::tempdir().unwrap();
+        let dirs = [base.path().join("run")];
+        let model = base.path().join("m.pte");
+        std::fs::write(&model, b"old").unwrap();
+        let old = std::fs::metadata(&model).unwrap();
+        let mut claim = claim_file_in(&dirs, &model, Holder::Apply).unwrap();
+        let Err(err) = claim_file_in(&dirs, &model, Holder::Recover) else {
+            panic!("claimed twice")
+        };
+        assert!(
+            err.to_string().contains("being updated by ptefs apply"),
+            "{err}"
+        );
+        // A new file renamed over the model, as a re-layout does (the old one stays open).
+        let _still_open = File::open(&model).unwrap();
+        let new_file = base.path().join(".m.pte.new");
+        std::fs::write(&new_file, b"new").unwrap();
+        std::fs::rename(&new_file, &model).unwrap();
+        let new = std::fs::metadata(&model).unwrap();
+        claim.follow(&new).unwrap();
+        assert!(!dirs[0].join(claim_name(&old)).exists());
+        assert!(dirs[0].join(claim_name(&new)).exists());
+        let Err(err) = claim_file_in(&dirs, &model, Holder::Recover) else {
+            panic!("claimed twice")
+        };
+        assert!(
+            err.to_string().contains("being updated by ptefs apply"),
+            "{err}"
+        );
+        drop(claim);
+        assert!(!dirs[0].join(claim_name(&new)).exists());
+        drop(claim_file_in(&dirs, &model, Holder::Recover).unwrap());
     }
 }

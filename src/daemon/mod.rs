@@ -326,7 +326,7 @@ pub fn mount(req: &MountRequest) -> Result<()> {
             // the child reports.
             background::detach();
             for c in &mut claims {
-                c.record_daemon(&mountpoint);
+                c.record_daemon();
             }
             let ready = if runtime_log {
                 // SAFETY: getpid cannot fail.
