@@ -467,10 +467,15 @@ fn without_syslog_the_daemon_logs_each_refusal_once_to_a_file_it_names() {
     std::fs::write(&short, [0u8; 40]).unwrap();
     let before = std::fs::read(&c.model).unwrap();
     // In a mount namespace where nothing listens at /dev/log (it may be missing already):
-    // a refused `cp` (flush, then release) and a refused Python write with an fsync.
+    // a refused `cp` (flush, then release), a refused Python write with an fsync, an empty
+    // `cp`, and a `dd` that succeeds (it closes a duplicate of the emptied file before it
+    // writes: that close's refusal is no refusal of what `dd` wrote).
     let script = r#"
         if [ -e /dev/log ]; then mount --bind /dev/null /dev/log; fi
         "$BIN" mount "$1" "$2" 2> "$3/mount.err"
+        cp "$2/plans/forward/values/0.bin" "$3/same.bin"
+        dd if="$3/same.bin" of="$2/plans/forward/values/0.bin" status=none
+        ! cp /dev/null "$2/plans/forward/values/0.bin" 2> "$3/empty.err"
         ! cp "$4" "$2/plans/forward/values/0.bin" 2> "$3/cp.err"
         ! python3 -c 'import os, sys
 fd = os.open(sys.argv[1], os.O_WRONLY | os.O_TRUNC)
@@ -520,6 +525,7 @@ os.close(fd)' "$2/plans/forward/values/0.bin" 2> "$3/py.err"
     };
     assert_eq!(refusals("40"), 1, "{log}");
     assert_eq!(refusals("44"), 1, "{log}");
+    assert_eq!(refusals("0"), 1, "{log}");
     assert!(text(&std::fs::read(c.root.join("cp.err")).unwrap()).contains("Invalid argument"));
     assert_eq!(std::fs::read(&c.model).unwrap(), before);
 }

@@ -1,6 +1,7 @@
 //! Serving a mount: the FUSE session with its worker threads, the threads that send cache
-//! invalidations, a thread that watches the model files' owner and mode, and a thread that
-//! turns SIGINT/SIGTERM/SIGHUP into "commit, then unmount".
+//! invalidations, a thread that watches the model files' owner and mode (and frees memory
+//! kept for writes that did not come), and a thread that turns SIGINT/SIGTERM/SIGHUP into
+//! "commit, then unmount".
 //! When open files keep the mount busy after a signal, it is detached, and the daemon ends
 //! once the kernel lets go of it or after a grace period.
 
@@ -71,8 +72,8 @@ fn on_signals(fs: Arc<Fs>, mountpoint: PathBuf, events: mpsc::Sender<Event>) {
     let _ = events.send(Event::Unmounting);
 }
 
-/// How often the model files' owner and mode are checked for changes.
-const IDENTITY_POLL: Duration = Duration::from_secs(1);
+/// How often the model files' owner and mode are checked for changes, and idle memory freed.
+const UPKEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// What `check` warns about the model, being computed while the mount starts.
 pub type Warnings = std::thread::JoinHandle<Vec<String>>;
@@ -164,15 +165,17 @@ pub fn serve(
     }
     {
         // A chmod or chown of a model file shows in the mount within a second, also to
-        // users whose kernel caches would otherwise keep the old owner and mode.
+        // users whose kernel caches would otherwise keep the old owner and mode; memory
+        // kept for the next write is freed once no write came for a while.
         let fs = Arc::downgrade(&fs);
         std::thread::Builder::new()
-            .name("ptefs-identity".into())
+            .name("ptefs-upkeep".into())
             .spawn(move || {
                 while let Some(fs) = fs.upgrade() {
                     fs.refresh_identity();
+                    fs.free_idle_memory();
                     drop(fs);
-                    std::thread::sleep(IDENTITY_POLL);
+                    std::thread::sleep(UPKEEP_EVERY);
                 }
             })
             .map_err(|e| Error::io("cannot start a thread", e))?;

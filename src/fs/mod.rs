@@ -214,6 +214,11 @@ impl Fs {
             .spawn(move || drop(old));
     }
 
+    /// Frees memory kept for writes that have not come (see `staging::SPARE_KEPT_FOR`).
+    pub fn free_idle_memory(&self) {
+        self.spill.free_idle_spare(staging::SPARE_KEPT_FOR);
+    }
+
     /// Takes the model files' owners, modes and times again (after a commit, and at every
     /// open: a `chmod` or `chown` of a model shows at once). When an owner or mode changed,
     /// the kernel forgets the attributes it cached.

@@ -15,6 +15,7 @@ use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::edit::Source;
 use crate::error::{Error, Result};
@@ -25,13 +26,25 @@ pub const SPILL_AT: u64 = 64 << 20;
 /// How much staged content of one mount may live in memory at once, all handles together.
 pub const MEMORY_BUDGET: u64 = 128 << 20;
 
+/// Buffers at least this large are kept for the next writer once their content is dropped.
+const SPARE_FROM: usize = 2 << 20;
+
 /// Where staged content spills, and the memory all of a mount's staged content shares.
 pub struct Spill {
     /// Where spill files go first (the model's directory), if open.
     dir: Option<Arc<File>>,
     budget: u64,
     in_memory: AtomicU64,
+    /// The last large buffer given back, empty, for the next large write, and when it was
+    /// given back. Replacing a 64 MiB tensor into fresh memory spent more time having the
+    /// kernel zero new pages than copying the bytes; a kept buffer's pages are there
+    /// already. Its pages are the kernel's to take back when memory runs short
+    /// (`MADV_FREE`), and it is freed once unused for `SPARE_KEPT_FOR`.
+    spare: std::sync::Mutex<Option<(Vec<u8>, Instant)>>,
 }
+
+/// How long an unused spare buffer is kept.
+pub const SPARE_KEPT_FOR: Duration = Duration::from_secs(10);
 
 impl Spill {
     pub fn new(dir: Option<Arc<File>>, budget: u64) -> Arc<Spill> {
@@ -39,7 +52,48 @@ impl Spill {
             dir,
             budget,
             in_memory: AtomicU64::new(0),
+            spare: Default::default(),
         })
+    }
+
+    /// Keeps `buffer` (its content dropped) as the spare, if it is larger than the one kept.
+    fn keep_spare(&self, mut buffer: Vec<u8>) {
+        if buffer.capacity() < SPARE_FROM {
+            return;
+        }
+        buffer.clear();
+        let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((kept, since)) = spare.as_mut() {
+            if kept.capacity() >= buffer.capacity() {
+                *since = Instant::now();
+                return;
+            }
+        }
+        let (start, len) = whole_pages(&buffer);
+        // SAFETY: advice on whole pages inside the buffer's own allocation, whose bytes
+        // (length 0) nothing reads before writing them again.
+        unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_FREE) };
+        *spare = Some((buffer, Instant::now()));
+    }
+
+    /// Frees the spare buffer if it has not been used for `kept_for`.
+    pub fn free_idle_spare(&self, kept_for: Duration) {
+        let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        if spare
+            .as_ref()
+            .is_some_and(|(_, since)| since.elapsed() >= kept_for)
+        {
+            *spare = None;
+        }
+    }
+
+    /// The spare, if it suits a buffer of `capacity` bytes (not more than twice as large).
+    fn take_spare(&self, capacity: usize) -> Option<Vec<u8>> {
+        let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        if spare.as_ref()?.0.capacity() > capacity.saturating_mul(2) {
+            return None;
+        }
+        spare.take().map(|(buffer, _)| buffer)
     }
 
     /// Takes `bytes` from the budget, or says there is not that much left.
@@ -57,6 +111,13 @@ impl Spill {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
                 Some(used.saturating_sub(bytes))
             });
+    }
+
+    /// The capacity of the spare buffer, if one is kept.
+    #[cfg(test)]
+    fn spare_capacity(&self) -> Option<usize> {
+        let spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        spare.as_ref().map(|(b, _)| b.capacity())
     }
 
     /// Bytes of staged content in memory now.
@@ -86,7 +147,18 @@ pub struct Staged {
 impl Drop for Staged {
     fn drop(&mut self) {
         self.spill.give_back(self.charged);
+        if let Buffer::Memory(v) = &mut self.buffer {
+            self.spill.keep_spare(std::mem::take(v));
+        }
     }
+}
+
+/// The whole pages inside `buffer`'s allocation: their start and length.
+fn whole_pages(buffer: &Vec<u8>) -> (usize, usize) {
+    const PAGE: usize = 4096;
+    let start = (buffer.as_ptr() as usize).next_multiple_of(PAGE);
+    let end = (buffer.as_ptr() as usize + buffer.capacity()) / PAGE * PAGE;
+    (start, end.saturating_sub(start))
 }
 
 /// An unnamed file for spilled content: `O_TMPFILE` in `dir`, else in the temporary
@@ -136,37 +208,36 @@ impl Staged {
     }
 
     /// Makes the in-memory buffer able to hold `capacity` bytes, charging the budget for
-    /// them; false (nothing changed) when the budget or the allocator cannot give them.
+    /// all the memory it then holds; false (nothing changed) when the budget or the
+    /// allocator cannot give it.
     fn make_room(&mut self, capacity: u64) -> bool {
         let Buffer::Memory(v) = &mut self.buffer else {
             return false;
         };
-        if capacity <= v.capacity() as u64 {
-            return true;
-        }
         let Ok(wanted) = usize::try_from(capacity) else {
             return false;
         };
-        let extra = capacity - self.charged;
+        let held = capacity.max(v.capacity() as u64);
+        let extra = held.saturating_sub(self.charged);
         if !self.spill.charge(extra) {
             return false;
         }
-        if v.try_reserve_exact(wanted - v.len()).is_err() {
+        if wanted > v.capacity() && v.try_reserve_exact(wanted - v.len()).is_err() {
             self.spill.give_back(extra);
             return false;
         }
-        self.charged = capacity;
+        self.charged += extra;
         true
     }
 
-    /// Grows the in-memory content to `len` bytes (zeros), spilling when memory for them
-    /// is not to be had. Buffers grow by at least half, so small writes do not reallocate
+    /// Makes room in memory for content of `len` bytes, spilling when memory for them is
+    /// not to be had. Buffers grow by at least half, so small writes do not reallocate
     /// each time.
-    fn grow(&mut self, len: u64) -> Result<()> {
+    fn room_for(&mut self, len: u64) -> Result<()> {
         let Buffer::Memory(v) = &self.buffer else {
             return Ok(());
         };
-        if len <= v.len() as u64 {
+        if len <= v.capacity() as u64 {
             return Ok(());
         }
         let generous = (v.capacity() as u64)
@@ -174,38 +245,52 @@ impl Staged {
             .clamp(len, SPILL_AT.min(self.limit).max(len));
         if !self.make_room(generous) && !self.make_room(len) {
             self.spill()?;
-            return Ok(());
         }
+        Ok(())
+    }
+
+    /// Grows the in-memory content to `len` bytes (zeros), spilling when memory for them
+    /// is not to be had.
+    fn grow(&mut self, len: u64) -> Result<()> {
+        self.room_for(len)?;
         if let Buffer::Memory(v) = &mut self.buffer {
-            v.resize(len as usize, 0);
+            if len > v.len() as u64 {
+                v.resize(len as usize, 0);
+            }
         }
         Ok(())
     }
 
     /// Reserves room for `capacity` bytes in memory (when they would not spill), so the
-    /// writes that fill a replaced file do not reallocate. A large buffer asks for
-    /// transparent huge pages: touching 64 MiB of new 4 KiB pages costs more than copying the
-    /// bytes into them.
+    /// writes that fill a replaced file do not reallocate. A large buffer is the spare one
+    /// when it suits, else asks for transparent huge pages: touching 64 MiB of new 4 KiB
+    /// pages costs more than copying the bytes into them.
     pub fn reserve(&mut self, capacity: u64) {
-        const PAGE: usize = 4096;
-        if capacity > SPILL_AT.min(self.limit) || !self.make_room(capacity) {
+        if capacity > SPILL_AT.min(self.limit) {
             return;
         }
-        let Buffer::Memory(v) = &mut self.buffer else {
+        let fresh = matches!(&self.buffer, Buffer::Memory(v) if v.capacity() == 0);
+        if fresh && capacity >= SPARE_FROM as u64 {
+            if let Some(spare) = self.spill.take_spare(capacity as usize) {
+                self.buffer = Buffer::Memory(spare);
+            }
+        }
+        if !self.make_room(capacity) {
+            if let Buffer::Memory(v) = &mut self.buffer {
+                if fresh {
+                    // Not charged: back to where it was kept.
+                    self.spill.keep_spare(std::mem::take(v));
+                }
+            }
             return;
-        };
-        if capacity >= 2 << 20 {
-            let start = (v.as_ptr() as usize).next_multiple_of(PAGE);
-            let end = (v.as_ptr() as usize + v.capacity()) / PAGE * PAGE;
-            // SAFETY: advice on whole pages inside the buffer's own allocation; it changes
-            // how they are backed, never their contents.
-            unsafe {
-                libc::madvise(
-                    start as *mut libc::c_void,
-                    end.saturating_sub(start),
-                    libc::MADV_HUGEPAGE,
-                )
-            };
+        }
+        if let Buffer::Memory(v) = &self.buffer {
+            if capacity >= SPARE_FROM as u64 {
+                let (start, len) = whole_pages(v);
+                // SAFETY: advice on whole pages inside the buffer's own allocation; it
+                // changes how they are backed, never their contents.
+                unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
+            }
         }
     }
 
@@ -252,9 +337,14 @@ impl Staged {
         if end > SPILL_AT {
             self.spill()?;
         }
-        self.grow(end)?;
+        self.room_for(end)?;
         match &mut self.buffer {
+            // Appending, as writers mostly do, copies once (no zeros first).
+            Buffer::Memory(v) if offset == v.len() as u64 => v.extend_from_slice(data),
             Buffer::Memory(v) => {
+                if end > v.len() as u64 {
+                    v.resize(end as usize, 0);
+                }
                 v[offset as usize..end as usize].copy_from_slice(data);
             }
             Buffer::Spilled { file, len } => {
@@ -378,5 +468,60 @@ mod tests {
         assert_eq!(all.len(), SPILL_AT + 14);
         s.set_len(2).unwrap();
         assert_eq!(s.source().head(10).unwrap(), b"he");
+    }
+
+    fn buffer_ptr(s: &Staged) -> *const u8 {
+        match &s.buffer {
+            Buffer::Memory(v) => v.as_ptr(),
+            Buffer::Spilled { .. } => panic!("spilled"),
+        }
+    }
+
+    fn content(s: &Staged) -> Vec<u8> {
+        s.read(0, u32::MAX).unwrap()
+    }
+
+    #[test]
+    fn a_large_buffer_is_kept_for_the_next_writer_and_charged_while_used() {
+        let spill = Spill::new(None, 64 << 20);
+        let size = 4u64 << 20;
+        let mut first = Staged::new(size, "test", spill.clone());
+        first.reserve(size);
+        first.write_at(0, &vec![0xAB; size as usize]).unwrap();
+        let buffer = buffer_ptr(&first);
+        drop(first);
+        assert_eq!(spill.in_memory(), 0);
+        assert_eq!(spill.spare_capacity(), Some(size as usize));
+
+        // The next writer of a like size gets it, charged; its old bytes never show.
+        let mut second = Staged::new(size, "test", spill.clone());
+        second.reserve(size);
+        assert_eq!(buffer_ptr(&second), buffer);
+        assert_eq!(spill.in_memory(), size);
+        assert_eq!(spill.spare_capacity(), None);
+        second.write_at(1 << 20, b"late").unwrap();
+        let mut want = vec![0u8; (1 << 20) + 4];
+        want[1 << 20..].copy_from_slice(b"late");
+        assert_eq!(content(&second), want);
+        // Appends, overwrites and writes past the end agree with a plain vector.
+        second.write_at(want.len() as u64, b"next").unwrap();
+        want.extend_from_slice(b"next");
+        second.write_at(2, b"xy").unwrap();
+        want[2..4].copy_from_slice(b"xy");
+        second.write_at(want.len() as u64 + 3, b"z").unwrap();
+        want.extend_from_slice(&[0, 0, 0, b'z']);
+        assert_eq!(content(&second), want);
+        drop(second);
+        assert_eq!(spill.in_memory(), 0);
+
+        // A writer of a much smaller file does not take it; an idle spare is freed.
+        let mut small = Staged::new(size / 4, "test", spill.clone());
+        small.reserve(size / 4);
+        assert_eq!(spill.spare_capacity(), Some(size as usize));
+        drop(small);
+        spill.free_idle_spare(Duration::from_secs(3600));
+        assert_eq!(spill.spare_capacity(), Some(size as usize));
+        spill.free_idle_spare(Duration::ZERO);
+        assert_eq!(spill.spare_capacity(), None);
     }
 }

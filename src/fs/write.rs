@@ -9,7 +9,8 @@
 //!   `cmd > file`, whose shell closes a duplicate before `cmd` writes, still works.
 //!   Content an `O_TRUNC` open emptied and nothing wrote since is only checked: committing
 //!   it would put an empty file on disk ahead of what `cmd` writes next; the last close
-//!   commits it when nothing did.
+//!   commits it when nothing did. Its refusal is returned to every close, and logged once,
+//!   at the last close, only if nothing was written by then.
 //! - `fsync` commits the content when it is valid, and otherwise succeeds without writing
 //!   anything (`dd oflag=dsync` fsyncs partial content after every block).
 //! - `release` (the last close) commits what changed since the last attempt; the kernel
@@ -444,7 +445,9 @@ impl Fs {
         if h.truncated_only && !h.refused {
             let checked = self.validate_staged(ino, &h);
             h.refused = checked.is_err();
-            return checked;
+            // Logged at the last close, if nothing is written by then: the writes usually
+            // come after this close of a duplicate (`dd`, `cmd > file`).
+            return checked.map_err(|e| e.with_level(log::Level::Debug));
         }
         // A duplicate descriptor closed after its twin (NumPy's `tofile`, a shell's
         // redirection) gets the same refusal for the same content: it was logged already.
@@ -534,7 +537,12 @@ impl Fs {
         let Target::Tree(ino) = h.target else {
             return Ok(());
         };
-        let result = self.commit_unreported(ino, &mut h);
+        let result = if h.truncated_only && h.refused {
+            // Emptied and never written: the refusal the closes got, logged once.
+            self.validate_staged(ino, &h).map(|_| Invalidate::default())
+        } else {
+            self.commit_unreported(ino, &mut h)
+        };
         drop(h);
         self.publish(ino, result.map(|inval| ((), inval)))
     }
