@@ -314,11 +314,13 @@ impl Staged {
         Ok(())
     }
 
-    /// Moves the content to a temporary file, giving its memory back.
+    /// Moves the content to a temporary file, giving its memory back. The spare buffer is
+    /// freed too: content this large will not fit it, and memory is short or about to be.
     fn spill(&mut self) -> Result<()> {
         let Buffer::Memory(v) = &self.buffer else {
             return Ok(());
         };
+        self.spill.free_idle_spare(Duration::ZERO);
         let file = unnamed_file(self.spill.dir.as_deref())?;
         file.write_all_at(v, 0)
             .map_err(|e| Error::io("write staged content to a temporary file", e))?;
@@ -513,6 +515,22 @@ mod tests {
         assert_eq!(content(&second), want);
         drop(second);
         assert_eq!(spill.in_memory(), 0);
+
+        // A writer of content that spills frees it.
+        let mut large = Staged::new(SPILL_AT + 1, "test", spill.clone());
+        large.reserve(size);
+        drop(large);
+        assert_eq!(spill.spare_capacity(), Some(size as usize));
+        let mut large = Staged::new(SPILL_AT + 1, "test", spill.clone());
+        large.set_len(SPILL_AT + 1).unwrap();
+        assert!(large.spilled());
+        assert_eq!(spill.spare_capacity(), None);
+        drop(large);
+        let mut again = Staged::new(size, "test", spill.clone());
+        again.reserve(size);
+        again.write_at(0, b"x").unwrap();
+        drop(again);
+        assert_eq!(spill.spare_capacity(), Some(size as usize));
 
         // A writer of a much smaller file does not take it; an idle spare is freed.
         let mut small = Staged::new(size / 4, "test", spill.clone());
