@@ -243,6 +243,11 @@ impl Staged {
         let generous = (v.capacity() as u64)
             .saturating_add(v.capacity() as u64 / 2)
             .clamp(len, SPILL_AT.min(self.limit).max(len));
+        if generous >= SPARE_FROM as u64 {
+            // A writer that did not say its size (a growing `weights.safetensors`) makes a
+            // large buffer of its own: the spare would only add to the peak.
+            self.spill.free_idle_spare(Duration::ZERO);
+        }
         if !self.make_room(generous) && !self.make_room(len) {
             self.spill()?;
         }
@@ -516,10 +521,17 @@ mod tests {
         drop(second);
         assert_eq!(spill.in_memory(), 0);
 
-        // A writer of content that spills frees it.
+        // A writer whose content grows large without the spare frees it, and so does one
+        // whose content spills.
         let mut large = Staged::new(SPILL_AT + 1, "test", spill.clone());
-        large.reserve(size);
+        large.write_at(0, &[1; 1 << 20]).unwrap();
+        assert_eq!(spill.spare_capacity(), Some(size as usize));
+        large.write_at(1 << 20, &[2; 2 << 20]).unwrap();
+        assert_eq!(spill.spare_capacity(), None);
         drop(large);
+        let mut again = Staged::new(size, "test", spill.clone());
+        again.reserve(size);
+        drop(again);
         assert_eq!(spill.spare_capacity(), Some(size as usize));
         let mut large = Staged::new(SPILL_AT + 1, "test", spill.clone());
         large.set_len(SPILL_AT + 1).unwrap();
