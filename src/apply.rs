@@ -72,10 +72,12 @@ fn entries_of(tree: &Tree, model: &Model, named: &[String]) -> Result<Vec<Entry>
 pub fn apply(req: &ApplyRequest, out: &mut dyn Write) -> Result<bulk::Summary> {
     let (file, data) = crate::daemon::canonical_files(&req.file, &req.data)?;
     let paths: Vec<&PathBuf> = std::iter::once(&file).chain(&data).collect();
-    let _claims = paths
-        .iter()
-        .map(|p| lock::claim_file(p, lock::Holder::Apply))
-        .collect::<Result<Vec<_>>>()?;
+    let claims = lock::Claims::new(
+        paths
+            .iter()
+            .map(|p| lock::claim_file(p, lock::Holder::Apply))
+            .collect::<Result<Vec<_>>>()?,
+    );
     if req.dry_run {
         for warning in crate::offline::interrupted_commits(&file, &data) {
             eprintln!("ptefs: warning: {warning}");
@@ -132,7 +134,7 @@ pub fn apply(req: &ApplyRequest, out: &mut dyn Write) -> Result<bulk::Summary> {
                 ));
             }
         }
-        edit::commit_plan(&model, plan, || ())?;
+        edit::commit_plan(&model, plan, || (), &claims)?;
     }
     report(&summary, req.dry_run, out).map_err(|e| Error::io("standard output", e))?;
     Ok(summary)

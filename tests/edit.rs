@@ -211,6 +211,71 @@ fn rejected_writes_leave_files_unchanged() {
     assert_eq!(std::fs::read(&c.model).unwrap(), before);
 }
 
+/// Told of re-layouts; refuses them while `refuse` is set, and records what it was told.
+#[derive(Default)]
+struct Watcher {
+    refuse: std::sync::atomic::AtomicBool,
+    told: std::sync::Mutex<Vec<String>>,
+}
+
+impl ptefs::edit::FileWatcher for Watcher {
+    fn replacing(&self, path: &Path, new: &std::fs::Metadata) -> ptefs::error::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        // The new file is complete when the watcher hears of it, and not yet renamed.
+        assert_ne!(std::fs::metadata(path).unwrap().ino(), new.ino());
+        self.told
+            .lock()
+            .unwrap()
+            .push(format!("replacing {}", new.len()));
+        if self.refuse.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(ptefs::error::Error::new(libc::EBUSY, "claimed elsewhere"));
+        }
+        Ok(())
+    }
+
+    fn now_open(&self, model: &Model) {
+        let len = model.files[0].bytes().len();
+        self.told.lock().unwrap().push(format!("open {len}"));
+    }
+}
+
+#[test]
+fn a_relayout_is_told_before_its_rename_and_a_refusal_abandons_it() {
+    let c = copy_fixture("linear_xnnpack.pte");
+    let watcher = Arc::new(Watcher::default());
+    let fs = open(&c, false).watched_by(watcher.clone());
+    let before = std::fs::read(&c.model).unwrap();
+    let path = "plans/forward/delegates/0/processed.bin";
+    let ino = fs.tree().find(path).unwrap();
+    let mut grown = read_all(&fs, ino);
+    grown.extend(pattern(1000, 5));
+
+    watcher
+        .refuse
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let err = replace(&fs, path, &grown).unwrap_err();
+    assert_eq!(err.errno(), libc::EBUSY, "{}", err.message());
+    assert_eq!(std::fs::read(&c.model).unwrap(), before);
+    assert!(ptefs::edit::relayout::leftovers(&c.model).is_empty());
+
+    watcher
+        .refuse
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    replace(&fs, path, &grown).unwrap();
+    let len = std::fs::metadata(&c.model).unwrap().len();
+    assert!(len > before.len() as u64);
+    assert_eq!(read_all(&fs, fs.tree().find(path).unwrap()), grown);
+    let told = watcher.told.lock().unwrap().clone();
+    assert_eq!(
+        told,
+        [
+            format!("replacing {len}"),
+            format!("replacing {len}"),
+            format!("open {len}")
+        ]
+    );
+}
+
 #[test]
 fn partial_writes_and_truncate_stage_until_close() {
     let (c, fs, before, ino) = linear_weight();

@@ -223,11 +223,12 @@ impl Drop for MountLock {
     }
 }
 
-/// Held by a daemon for each file it mounts, so that a file is mounted once: two daemons
-/// committing into one file would each write from a stale view of it. A claim names the
-/// file's device and inode; a commit that re-lays the file out renames a new inode over it,
-/// and the claim then follows (`follow`), so that it never names an inode the file system
-/// has freed and may give to an unrelated new file.
+/// Held by a daemon for each file it mounts (and by `apply` and `recover` while they run),
+/// so that a file is mounted once: two daemons committing into one file would each write
+/// from a stale view of it. A claim names the file's device and inode; a commit that re-lays
+/// the file out renames a new inode over it, and `Claims` moves the claim to the new inode
+/// before the rename, so the new file is never unclaimed, and a claim never names an inode
+/// that is closed, which the file system may give to an unrelated new file.
 pub struct FileClaim {
     dir: File,
     name: String,
@@ -334,21 +335,84 @@ impl FileClaim {
         );
     }
 
-    /// Moves the claim to the file `meta` describes, which now has the model's name (a
-    /// re-layout renamed it there). The caller still holds the old file open, so its inode
-    /// cannot be given to another file before the old claim is gone.
-    pub fn follow(&mut self, meta: &std::fs::Metadata) -> Result<()> {
+    /// Moves the claim to the file `meta` describes, which is about to take (or has taken)
+    /// the model's name, and returns the claim on the previous file, if it was another: the
+    /// caller releases it once nothing has that file open any more.
+    pub fn follow(&mut self, meta: &std::fs::Metadata) -> Result<Option<FileClaim>> {
         if claim_name(meta) == self.name {
-            return Ok(());
+            return Ok(None);
         }
         let dir = self
             .dir
             .try_clone()
             .map_err(|e| Error::io("the runtime directory", e))?;
         let new = FileClaim::take(dir, &self.model, meta, self.holder.clone())?;
-        // The old claim is released (and its file removed) as `new` takes its place.
-        *self = new;
+        Ok(Some(std::mem::replace(self, new)))
+    }
+}
+
+/// The claims of one mount (or `apply`), kept on the files that have the models' names
+/// through re-layouts (see `FileClaim`).
+pub struct Claims {
+    held: std::sync::Mutex<Vec<FileClaim>>,
+    /// Claims on files a re-layout replaced, released once the snapshot that has them open
+    /// is gone.
+    retired: std::sync::Mutex<Vec<FileClaim>>,
+}
+
+impl Claims {
+    pub fn new(claims: Vec<FileClaim>) -> Claims {
+        Claims {
+            held: std::sync::Mutex::new(claims),
+            retired: Default::default(),
+        }
+    }
+
+    /// Releases every claim.
+    pub fn release(&self) {
+        lock_list(&self.retired).clear();
+        lock_list(&self.held).clear();
+    }
+}
+
+fn lock_list(list: &std::sync::Mutex<Vec<FileClaim>>) -> std::sync::MutexGuard<'_, Vec<FileClaim>> {
+    list.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl crate::edit::FileWatcher for Claims {
+    fn replacing(&self, path: &Path, new: &std::fs::Metadata) -> Result<()> {
+        for claim in lock_list(&self.held)
+            .iter_mut()
+            .filter(|c| c.model() == path)
+        {
+            let old = claim.follow(new).map_err(|e| {
+                e.context("cannot claim the re-laid-out file, so it is not renamed over the model")
+            })?;
+            lock_list(&self.retired).extend(old);
+        }
         Ok(())
+    }
+
+    fn now_open(&self, model: &crate::format::Model) {
+        // The new snapshot's files are claimed (`replacing`); the files of the previous
+        // one are closed after this returns.
+        lock_list(&self.retired).clear();
+        for f in &model.files {
+            let Some(meta) = f.file.as_ref().and_then(|h| h.metadata().ok()) else {
+                continue;
+            };
+            for claim in lock_list(&self.held)
+                .iter_mut()
+                .filter(|c| c.model() == f.path)
+            {
+                if let Err(e) = claim.follow(&meta) {
+                    log::warn!(
+                        "{}: the claim that keeps it mounted once stays on its previous inode: {e}",
+                        f.path.display()
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -526,6 +590,17 @@ mod tests {
         assert!(!fresh.join(lock_name("0:99")).exists());
     }
 
+    /// Asserts that claiming `model` is refused because `ptefs apply` holds it.
+    fn assert_held_by_apply(dirs: &[PathBuf], model: &Path) {
+        let Err(err) = claim_file_in(dirs, model, Holder::Recover) else {
+            panic!("claimed twice")
+        };
+        assert!(
+            err.to_string().contains("being updated by ptefs apply"),
+            "{err}"
+        );
+    }
+
     #[test]
     fn a_claim_follows_its_file_to_a_new_inode_and_frees_the_old() {
         let base = tempfile::tempdir().unwrap();
@@ -534,31 +609,47 @@ mod tests {
         std::fs::write(&model, b"old").unwrap();
         let old = std::fs::metadata(&model).unwrap();
         let mut claim = claim_file_in(&dirs, &model, Holder::Apply).unwrap();
-        let Err(err) = claim_file_in(&dirs, &model, Holder::Recover) else {
-            panic!("claimed twice")
-        };
-        assert!(
-            err.to_string().contains("being updated by ptefs apply"),
-            "{err}"
-        );
+        assert_held_by_apply(&dirs, &model);
         // A new file renamed over the model, as a re-layout does (the old one stays open).
         let _still_open = File::open(&model).unwrap();
         let new_file = base.path().join(".m.pte.new");
         std::fs::write(&new_file, b"new").unwrap();
         std::fs::rename(&new_file, &model).unwrap();
         let new = std::fs::metadata(&model).unwrap();
-        claim.follow(&new).unwrap();
+        let previous = claim.follow(&new).unwrap();
+        assert!(dirs[0].join(claim_name(&old)).exists());
+        drop(previous);
         assert!(!dirs[0].join(claim_name(&old)).exists());
         assert!(dirs[0].join(claim_name(&new)).exists());
-        let Err(err) = claim_file_in(&dirs, &model, Holder::Recover) else {
-            panic!("claimed twice")
-        };
-        assert!(
-            err.to_string().contains("being updated by ptefs apply"),
-            "{err}"
-        );
+        assert_held_by_apply(&dirs, &model);
         drop(claim);
         assert!(!dirs[0].join(claim_name(&new)).exists());
         drop(claim_file_in(&dirs, &model, Holder::Recover).unwrap());
+    }
+
+    #[test]
+    fn claims_move_to_the_new_file_before_its_rename_and_free_the_old_after() {
+        use crate::edit::FileWatcher;
+        let base = tempfile::tempdir().unwrap();
+        let dirs = [base.path().join("run")];
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/linear.pte");
+        let model = base.path().join("m.pte");
+        std::fs::copy(&fixture, &model).unwrap();
+        let old = std::fs::metadata(&model).unwrap();
+        let claims = Claims::new(vec![claim_file_in(&dirs, &model, Holder::Apply).unwrap()]);
+        let new_file = base.path().join(".m.pte.new");
+        std::fs::copy(&fixture, &new_file).unwrap();
+        let new = std::fs::metadata(&new_file).unwrap();
+        claims.replacing(&model, &new).unwrap();
+        // Both are claimed until the snapshot that has the old file open is replaced.
+        assert!(dirs[0].join(claim_name(&old)).exists());
+        assert!(dirs[0].join(claim_name(&new)).exists());
+        std::fs::rename(&new_file, &model).unwrap();
+        claims.now_open(&crate::format::Model::open(&model, &[] as &[PathBuf]).unwrap());
+        assert!(!dirs[0].join(claim_name(&old)).exists());
+        assert!(dirs[0].join(claim_name(&new)).exists());
+        assert_held_by_apply(&dirs, &model);
+        claims.release();
+        assert!(!dirs[0].join(claim_name(&new)).exists());
     }
 }

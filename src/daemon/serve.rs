@@ -7,13 +7,13 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use fuser::{Config, Session};
 
 use super::background::Ready;
-use super::lock::{FileClaim, MountLock};
+use super::lock::{Claims, FileClaim, MountLock};
 use super::mountinfo::find_mount;
 use super::unmount::unmount_path;
 use crate::error::{Error, Result};
@@ -84,31 +84,6 @@ fn finished(warnings: Warnings) -> Vec<String> {
         .unwrap_or_else(|_| vec!["the model's check stopped with an internal error".into()])
 }
 
-/// Keeps each claim on the file that has the model's name: after a re-layout, that is a new
-/// inode, and the old one is freed once the previous snapshot lets go of it.
-fn claims_follow(claims: Arc<Mutex<Vec<FileClaim>>>) -> crate::fs::OnNewFiles {
-    Box::new(move |model| {
-        let mut claims = claims.lock().unwrap_or_else(|e| e.into_inner());
-        for f in &model.files {
-            let Some(meta) = f.file.as_ref().and_then(|h| h.metadata().ok()) else {
-                continue;
-            };
-            for claim in claims.iter_mut().filter(|c| c.model() == f.path) {
-                if let Err(e) = claim.follow(&meta) {
-                    log::warn!(
-                        "{}: the claim that keeps it mounted once stays on its previous inode: {e}",
-                        f.path.display()
-                    );
-                }
-            }
-        }
-    })
-}
-
-fn release(claims: &Mutex<Vec<FileClaim>>) {
-    claims.lock().unwrap_or_else(|e| e.into_inner()).clear();
-}
-
 /// Mounts `tree` on `mountpoint`, reports through `ready` once the mount is live, with
 /// `warnings`, and serves until it is unmounted.
 pub fn serve(
@@ -121,10 +96,10 @@ pub fn serve(
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
 
     let (notices, queues) = crate::fuse::notices();
-    let claims = Arc::new(Mutex::new(claims));
+    let claims = Arc::new(Claims::new(claims));
     let fs = Arc::new(
         Fs::with_invalidator(tree, Options { read_only }, Arc::new(notices))
-            .on_new_files(claims_follow(claims.clone())),
+            .watched_by(claims.clone()),
     );
     let started = Session::new(FuseFs::new(fs.clone()), mountpoint, config)
         .map_err(|e| Error::io(format!("cannot mount on {}", mountpoint.display()), e))
@@ -139,7 +114,7 @@ pub fn serve(
         Err(e) => {
             log::error!("{e}");
             // Released before the report: the next mount may start as soon as it is read.
-            release(&claims);
+            claims.release();
             let failed = Err(e);
             ready.report(&failed, &finished(warnings));
             return failed;
@@ -211,7 +186,7 @@ pub fn serve(
         Err(_) => Ok(()),
     };
     // The files are free again before `ptefs umount`, which waits on the lock, returns.
-    release(&claims);
+    claims.release();
     drop(lock);
     match ended {
         Ok(()) => {

@@ -16,6 +16,8 @@ mod requantize;
 pub mod source;
 pub mod validate;
 
+use std::path::Path;
+
 use crate::error::Result;
 use crate::format::layout::{FileIndex, Location};
 use crate::format::range::ByteRange;
@@ -72,17 +74,42 @@ pub fn plan<'a>(model: &Model, target: &WriteTarget, data: Source<'a>) -> Result
     identity::separate(model, validate::plan(model, target, data)?)
 }
 
+/// Whoever holds a claim on the model files (one mount per file) is told of their identity.
+pub trait FileWatcher: Send + Sync {
+    /// A re-layout is about to rename the new file `new` describes over model file `path`:
+    /// an error abandons the commit, and the model stays as it was.
+    fn replacing(&self, path: &Path, new: &std::fs::Metadata) -> Result<()>;
+
+    /// The model files are now `model`'s; the previous ones are still open.
+    fn now_open(&self, model: &Model);
+}
+
+/// For commits nobody watches (tests, tools that hold no claim).
+pub struct Unwatched;
+
+impl FileWatcher for Unwatched {
+    fn replacing(&self, _path: &Path, _new: &std::fs::Metadata) -> Result<()> {
+        Ok(())
+    }
+
+    fn now_open(&self, _model: &Model) {}
+}
+
 /// Validates `data` as the new content of the file behind `target`, then writes it.
-/// `exclusive` is held while bytes that readers may be mapping change in place.
+/// `exclusive` is held while bytes that readers may be mapping change in place; `watcher`
+/// is told before a re-layout renames a new file over the model.
 pub fn commit<G>(
     model: &Model, target: &WriteTarget, data: Source, exclusive: impl Fn() -> G,
+    watcher: &dyn FileWatcher,
 ) -> Result<Outcome> {
-    commit_plan(model, plan(model, target, data)?, exclusive)
+    commit_plan(model, plan(model, target, data)?, exclusive, watcher)
 }
 
 /// Writes what a validated `plan` says: in place, one journal per file, or by re-laying a
 /// file out.
-pub fn commit_plan<G>(model: &Model, plan: Plan, exclusive: impl Fn() -> G) -> Result<Outcome> {
+pub fn commit_plan<G>(
+    model: &Model, plan: Plan, exclusive: impl Fn() -> G, watcher: &dyn FileWatcher,
+) -> Result<Outcome> {
     match plan {
         Plan::InPlace { mut writes } => {
             writes.sort_by_key(|w| (w.location.file, w.location.range.start()));
@@ -109,7 +136,7 @@ pub fn commit_plan<G>(model: &Model, plan: Plan, exclusive: impl Fn() -> G) -> R
             Ok(Outcome::InPlace { ranges })
         }
         Plan::Relayout { file, change } => {
-            relayout::rewrite(model, file, &change)?;
+            relayout::rewrite(model, file, &change, watcher)?;
             Ok(Outcome::Relayout { file })
         }
         Plan::Separate {
@@ -120,9 +147,14 @@ pub fn commit_plan<G>(model: &Model, plan: Plan, exclusive: impl Fn() -> G) -> R
             // the others through their journal.
             let first = relayouts.first().map(|(f, _)| *f);
             for (file, change) in &relayouts {
-                relayout::rewrite(model, *file, change)?;
+                relayout::rewrite(model, *file, change, watcher)?;
             }
-            let rest = commit_plan(model, Plan::InPlace { writes: in_place }, exclusive)?;
+            let rest = commit_plan(
+                model,
+                Plan::InPlace { writes: in_place },
+                exclusive,
+                watcher,
+            )?;
             Ok(first.map_or(rest, |file| Outcome::Relayout { file }))
         }
     }

@@ -111,8 +111,11 @@ enum SegmentSource<'a> {
     },
 }
 
-/// Rewrites file `file` of `model` with `change` applied.
-pub fn rewrite(model: &Model, file: FileIndex, change: &Change) -> Result<()> {
+/// Rewrites file `file` of `model` with `change` applied. `watcher` is told before the new
+/// file takes the model's name, and may still abandon the commit.
+pub fn rewrite(
+    model: &Model, file: FileIndex, change: &Change, watcher: &dyn super::FileWatcher,
+) -> Result<()> {
     let mf = &model.files[file];
     let plan = match &mf.kind {
         Kind::Pte(pte) => plan_pte(mf, pte, change)?,
@@ -124,7 +127,12 @@ pub fn rewrite(model: &Model, file: FileIndex, change: &Change) -> Result<()> {
     let out = beside.create(&tmp)?;
     let shown = beside.shown(&tmp);
     let result = write_new_file(mf, out, &shown, &plan)
-        .and_then(|out| check_new_file(mf, out, &shown, &plan))
+        .and_then(|out| {
+            let new = out.metadata().map_err(io(format!("stat {shown}")))?;
+            check_new_file(mf, out, &shown, &plan)?;
+            Ok(new)
+        })
+        .and_then(|new| watcher.replacing(&mf.path, &new))
         .and_then(|_| beside.replace_model(&tmp));
     if result.is_err() {
         let _ = beside.remove(&tmp);

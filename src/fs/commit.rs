@@ -93,8 +93,8 @@ impl Fs {
         let path = tree.path(ino);
         // Readers of the mapped bytes wait while they change in place (see `read_with`).
         let exclusive = || self.gate.write().unwrap_or_else(|e| e.into_inner());
-        let outcome =
-            edit::commit(&tree.model, &target, data, exclusive).map_err(|e| e.context(&path))?;
+        let outcome = edit::commit(&tree.model, &target, data, exclusive, &*self.watcher)
+            .map_err(|e| e.context(&path))?;
         let mut inval = invalidations(&tree, &outcome);
         if outcome_keeps_structure(&tree, &outcome) {
             // Same offsets and sizes, and the mapping shares the page cache with the write:

@@ -137,13 +137,10 @@ pub struct Fs {
     gate: RwLock<()>,
     /// One commit at a time.
     commit_lock: std::sync::Mutex<()>,
-    /// Told of every new snapshot while the previous one still holds its files open.
-    on_new_files: Option<OnNewFiles>,
+    /// Told before a re-layout renames a new file over a model file, and of every new
+    /// snapshot while the previous one still holds its files open.
+    watcher: Arc<dyn crate::edit::FileWatcher>,
 }
-
-/// Called with the model of a new snapshot before the previous snapshot's files are closed
-/// (a re-layout has renamed a new file over a model file by then).
-pub type OnNewFiles = Box<dyn Fn(&crate::format::Model) + Send + Sync>;
 
 /// The identity of each model file of `tree`.
 fn identities_of(tree: &Tree) -> Vec<Identity> {
@@ -181,13 +178,13 @@ impl Fs {
             invalidator,
             gate: RwLock::new(()),
             commit_lock: Default::default(),
-            on_new_files: None,
+            watcher: Arc::new(crate::edit::Unwatched),
         }
     }
 
-    /// Calls `f` with the model of every snapshot that replaces the current one.
-    pub fn on_new_files(mut self, f: OnNewFiles) -> Fs {
-        self.on_new_files = Some(f);
+    /// Tells `watcher` of re-layouts and new snapshots (see `edit::FileWatcher`).
+    pub fn watched_by(mut self, watcher: Arc<dyn crate::edit::FileWatcher>) -> Fs {
+        self.watcher = watcher;
         self
     }
 
@@ -198,9 +195,7 @@ impl Fs {
 
     /// Replaces the snapshot after a commit.
     fn replace_tree(&self, tree: Tree) {
-        if let Some(tell) = &self.on_new_files {
-            tell(&tree.model);
-        }
+        self.watcher.now_open(&tree.model);
         let old = std::mem::replace(
             &mut *self.tree.write().unwrap_or_else(|e| e.into_inner()),
             Arc::new(tree),

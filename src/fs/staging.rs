@@ -63,11 +63,11 @@ impl Spill {
         }
         buffer.clear();
         let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((kept, since)) = spare.as_mut() {
-            if kept.capacity() >= buffer.capacity() {
-                *since = Instant::now();
-                return;
-            }
+        if spare
+            .as_ref()
+            .is_some_and(|(kept, _)| kept.capacity() >= buffer.capacity())
+        {
+            return;
         }
         let (start, len) = whole_pages(&buffer);
         // SAFETY: advice on whole pages inside the buffer's own allocation, whose bytes
@@ -268,8 +268,8 @@ impl Staged {
 
     /// Reserves room for `capacity` bytes in memory (when they would not spill), so the
     /// writes that fill a replaced file do not reallocate. A large buffer is the spare one
-    /// when it suits, else asks for transparent huge pages: touching 64 MiB of new 4 KiB
-    /// pages costs more than copying the bytes into them.
+    /// when that is at most twice as large, and asks for transparent huge pages: touching
+    /// 64 MiB of new 4 KiB pages costs more than copying the bytes into them.
     pub fn reserve(&mut self, capacity: u64) {
         if capacity > SPILL_AT.min(self.limit) {
             return;
@@ -544,11 +544,15 @@ mod tests {
         drop(again);
         assert_eq!(spill.spare_capacity(), Some(size as usize));
 
-        // A writer of a much smaller file does not take it; an idle spare is freed.
-        let mut small = Staged::new(size / 4, "test", spill.clone());
-        small.reserve(size / 4);
+        // A writer of a much smaller file does not take it, nor keeps it from being freed
+        // as idle.
+        let kept_at = spill.spare.lock().unwrap().as_ref().unwrap().1;
+        let mut small = Staged::new(size / 2 - 1, "test", spill.clone());
+        small.reserve(size / 2 - 1);
+        small.write_at(0, b"small").unwrap();
         assert_eq!(spill.spare_capacity(), Some(size as usize));
         drop(small);
+        assert_eq!(spill.spare.lock().unwrap().as_ref().unwrap().1, kept_at);
         spill.free_idle_spare(Duration::from_secs(3600));
         assert_eq!(spill.spare_capacity(), Some(size as usize));
         spill.free_idle_spare(Duration::ZERO);
