@@ -537,14 +537,19 @@ impl Fs {
         let Target::Tree(ino) = h.target else {
             return Ok(());
         };
-        let result = if h.truncated_only && h.refused {
-            // Emptied and never written: the refusal the closes got, logged once.
-            self.validate_staged(ino, &h).map(|_| Invalidate::default())
-        } else {
-            self.commit_unreported(ino, &mut h)
-        };
+        let result = self.last_commit(ino, &mut h);
         drop(h);
         self.publish(ino, result.map(|inval| ((), inval)))
+    }
+
+    /// At a last close or an unmount: commits what changed since the last attempt (see
+    /// `commit_unreported`); content an open emptied and nothing wrote since gets the
+    /// refusal its closes got, which was not logged yet.
+    fn last_commit(&self, ino: Ino, h: &mut Handle) -> Result<Invalidate> {
+        if h.truncated_only && h.refused {
+            return self.validate_staged(ino, h).map(|_| Invalidate::default());
+        }
+        self.commit_unreported(ino, h)
     }
 
     /// Commits what every open handle still changed (before an unmount), and logs each
@@ -555,7 +560,7 @@ impl Fs {
             let Target::Tree(ino) = h.target else {
                 continue;
             };
-            match self.commit_unreported(ino, &mut h) {
+            match self.last_commit(ino, &mut h) {
                 Ok(inval) => self.invalidator.inodes(inval.inodes, false),
                 Err(e) => log::error!("commit before unmount failed: {e}"),
             }
