@@ -107,11 +107,33 @@ pub struct RuntimeLog {
 
 impl RuntimeLog {
     /// The log file daemon `pid` will write, in this user's runtime directory, for the mount
-    /// of `model` on `mountpoint`.
+    /// of `model` on `mountpoint`: `mount-<pid>.log`, or, when an earlier daemon with the
+    /// same pid left that file, `mount-<pid>.<n>.log` with the first `n` that is free, so
+    /// each daemon's file holds its own records only.
     pub fn for_daemon(pid: i32, model: &Path, mountpoint: &Path) -> Result<RuntimeLog> {
         let (dir, dir_path) = super::lock::runtime_dir()
             .map_err(|e| e.context("no directory for the daemon's log file"))?;
-        let name = format!("mount-{pid}.log");
+        let taken = |name: &str| {
+            !matches!(
+                crate::format::model::stat_in(&dir, std::ffi::OsStr::new(name)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound
+            )
+        };
+        let name = (0..1000)
+            .map(|n| match n {
+                0 => format!("mount-{pid}.log"),
+                n => format!("mount-{pid}.{n}.log"),
+            })
+            .find(|name| !taken(name))
+            .ok_or_else(|| {
+                Error::new(
+                    libc::EEXIST,
+                    format!(
+                        "{}: mount-{pid}.log and 999 more names are taken",
+                        dir_path.display()
+                    ),
+                )
+            })?;
         Ok(RuntimeLog {
             dir,
             path: dir_path.join(&name),
@@ -126,8 +148,7 @@ impl RuntimeLog {
 
     /// Opens the file for appending: created with mode 0600 if missing (relative to the
     /// directory, not following a link), used only if it is then a regular file of this
-    /// user with one link. What this daemon writes starts with the header (the file may
-    /// hold the records of an earlier daemon that had the same pid).
+    /// user with one link. What this daemon writes starts with the header.
     fn open(&self) -> std::io::Result<File> {
         let flags = libc::O_WRONLY
             | libc::O_APPEND
@@ -275,4 +296,28 @@ pub fn init(verbose: u8, target: LogTarget) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_daemon_does_not_write_into_the_log_of_an_earlier_one_with_its_pid() {
+        // No process has this pid (pid_max is at most 2^22).
+        let pid = i32::MAX - 7;
+        let (_, dir) = super::super::lock::runtime_dir().unwrap();
+        let earlier = dir.join(format!("mount-{pid}.log"));
+        std::fs::write(
+            &earlier,
+            format!("ptefs daemon pid {pid}: an earlier mount\n"),
+        )
+        .unwrap();
+        let log = RuntimeLog::for_daemon(pid, Path::new("/m.pte"), Path::new("/mnt"));
+        let _ = std::fs::remove_file(&earlier);
+        let log = log.unwrap();
+        assert_eq!(log.path, dir.join(format!("mount-{pid}.1.log")));
+        let fresh = RuntimeLog::for_daemon(pid, Path::new("/m.pte"), Path::new("/mnt")).unwrap();
+        assert_eq!(fresh.path, earlier);
+    }
 }
