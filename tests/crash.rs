@@ -6,7 +6,7 @@
 //! journal.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ptefs::format::generated::pte_fb;
 use ptefs::format::writer::{pack_program, pte_program_region};
@@ -71,6 +71,31 @@ fn kill_during_write(
     std::fs::read(model).unwrap()
 }
 
+/// Mounts `model`, writes `data` to `path` of the mount and unmounts; returns how long the
+/// write and its commit took. Kill delays are drawn from a multiple of this, so that kills
+/// land before, during and after commits on a fast machine as on a slow one.
+fn timed_write(model: &Path, mnt: &Path, path: &str, data: &[u8]) -> Duration {
+    let mut child = common::mount::mount_foreground(model, mnt);
+    let start = Instant::now();
+    std::fs::write(mnt.join(path), data).unwrap();
+    let took = start.elapsed();
+    common::force_unmount(mnt);
+    let _ = child.kill();
+    let _ = child.wait();
+    took
+}
+
+/// A kill delay for `round`: the first rounds kill at once and late, the rest at a random
+/// point of up to 1.5 times `span`.
+fn kill_delay(rng: &mut common::Rng, round: usize, span: Duration) -> Duration {
+    let span = span.as_micros() as u64;
+    match round {
+        0 => Duration::ZERO,
+        1 => Duration::from_micros(span * 2),
+        _ => Duration::from_micros(rng.below(span * 3 / 2 + 1)),
+    }
+}
+
 /// Mounts `model` again, which replays a whole journal and discards a torn one, and reads
 /// `path` through it; returns what the mount showed and the model file's bytes after.
 fn remount_and_read(model: &Path, mnt: &Path, path: &str, round: usize) -> (Vec<u8>, Vec<u8>) {
@@ -100,11 +125,12 @@ fn sigkill_during_commits_leaves_old_or_new() {
     let pristine = std::fs::read(&model).unwrap();
     let journal = ptefs::edit::journal::journal_path(&model);
     let mut rng = common::Rng::new(0x5eed_1234_abcd_ef01);
-    let mut current = 0x11u8;
+    let span = timed_write(&model, &mnt, WEIGHT, &vec![0x22; nbytes as usize]);
+    let mut current = 0x22u8;
     let (mut saw_old, mut saw_new, mut saw_journal) = (0, 0, 0);
     for round in 0..40 {
         let next = if current == 0x11 { 0x22 } else { 0x11 };
-        let delay = Duration::from_micros(rng.below(60_000));
+        let delay = kill_delay(&mut rng, round, span);
         let after = kill_during_write(&model, &mnt, WEIGHT, vec![next; nbytes as usize], delay);
         assert_eq!(after.len(), pristine.len(), "round {round}: size changed");
         assert_eq!(
@@ -196,12 +222,13 @@ fn sigkill_during_bulk_commits_leaves_all_old_or_all_new() {
     let pristine = std::fs::read(&model).unwrap();
     let journal = ptefs::edit::journal::journal_path(&model);
     let mut rng = common::Rng::new(0xb01c_5eed_0000_0042);
-    let mut current = 0x11u8;
+    let weights = "weights.safetensors";
+    let span = timed_write(&model, &mnt, weights, &bulk_update(0x22));
+    let mut current = 0x22u8;
     let (mut saw_old, mut saw_new, mut saw_journal) = (0, 0, 0);
     for round in 0..30 {
         let next = if current == 0x11 { 0x22 } else { 0x11 };
-        let delay = Duration::from_micros(rng.below(80_000));
-        let weights = "weights.safetensors";
+        let delay = kill_delay(&mut rng, round, span);
         let after = kill_during_write(&model, &mnt, weights, bulk_update(next), delay);
         assert_eq!(after.len(), pristine.len(), "round {round}: size changed");
         assert_eq!(
