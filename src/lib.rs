@@ -10,6 +10,7 @@ extern crate alloc;
 pub mod apply;
 pub mod backend;
 pub mod check;
+pub mod content;
 pub mod daemon;
 pub mod edit;
 pub mod error;

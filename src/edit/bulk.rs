@@ -9,8 +9,8 @@
 
 use std::collections::HashMap;
 
-use super::source::{Bytes, Source};
-use super::validate::{Plan, Write};
+use super::plan::Plan;
+use crate::content::{Bytes, Source, Write};
 use crate::error::{Error, Result};
 use crate::format::safetensors::{self, Entry, Header};
 use crate::format::Model;

@@ -15,7 +15,7 @@ use std::os::unix::fs::FileExt;
 
 use memmap2::MmapMut;
 
-use super::source::Source;
+use crate::content::Source;
 
 /// Direct I/O is done in whole blocks of this size (a multiple of every logical block size
 /// Linux disks have), from a buffer aligned to it.

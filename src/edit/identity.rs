@@ -12,8 +12,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use super::validate::{Change, Owner, Plan};
-use super::Bytes;
+use super::plan::{Change, Owner, Plan};
+use crate::content::Bytes;
 use crate::error::Result;
 use crate::format::layout::{FileIndex, Location};
 use crate::format::range::ByteRange;

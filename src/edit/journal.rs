@@ -25,7 +25,7 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use super::beside::{name_for, Beside};
-use super::source::Source;
+use crate::content::Source;
 use crate::error::{Error, Result};
 use crate::format::range::ByteRange;
 use crate::format::ModelFile;

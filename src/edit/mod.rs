@@ -11,9 +11,9 @@ pub mod bulk;
 mod direct;
 pub mod identity;
 pub mod journal;
+pub mod plan;
 pub mod relayout;
 mod requantize;
-pub mod source;
 pub mod validate;
 
 use std::path::Path;
@@ -23,8 +23,8 @@ use crate::format::layout::{FileIndex, Location};
 use crate::format::range::ByteRange;
 use crate::format::{Model, WriteTarget};
 
-pub use source::{Bytes, Source};
-pub use validate::{Change, Owner, Plan, Write};
+pub use crate::content::{Bytes, Source, Write};
+pub use plan::{Change, Owner, Plan};
 
 /// What a commit did to the files.
 #[derive(Debug, Clone, PartialEq, Eq)]

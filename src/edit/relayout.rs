@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::beside::{name_for, Beside, NAME_MAX};
-use super::source::Source;
-use super::validate::{Change, Owner};
+use super::plan::{Change, Owner};
+use crate::content::Source;
 use crate::error::{Error, Result};
 use crate::format::generated::{ptd_fb, pte_fb};
 use crate::format::layout::FileIndex;
@@ -490,7 +490,7 @@ fn write_zeros(out: &mut File, n: u64) -> std::io::Result<()> {
 fn copy_range(
     src: &File, dst: &mut File, offset: u64, len: u64, dst_offset: u64,
 ) -> std::io::Result<()> {
-    let done = super::source::copy_in_kernel(src, offset, dst, dst_offset, len)?;
+    let done = crate::content::copy_in_kernel(src, offset, dst, dst_offset, len)?;
     if done < len {
         return copy_range_buffered(src, dst, offset + done, len - done, dst_offset + done);
     }

@@ -13,11 +13,11 @@
 //! every write of one commit lies in one file, so the weights, their scales and a rescaled
 //! bias change together or not at all.
 
-use super::source::{Bytes, Source};
-use super::validate::{Plan, Write};
+use super::plan::Plan;
 use crate::backend::xnnpack::placed::{locate, scale_plan, Placed, ScalePlan};
 use crate::backend::xnnpack::{self, ConstantRef, KeyRole, XnnGraph};
 use crate::backend::{decode_payload, BackendView};
+use crate::content::{Bytes, Source, Write};
 use crate::error::{Error, Result};
 use crate::format::layout::Location;
 use crate::format::sharing::TensorId;
@@ -506,7 +506,7 @@ mod tests {
     /// chunks (8 MiB reads of a file, here from an offset that is not a multiple of 4).
     #[test]
     fn windows_cover_every_value_across_chunks() {
-        let n = (super::super::source::CHUNK / 4) * 2 + WINDOW + 5;
+        let n = (crate::content::CHUNK / 4) * 2 + WINDOW + 5;
         let values: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 7.0).collect();
         let memory: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         let mut file = tempfile::tempfile().unwrap();

@@ -3,91 +3,13 @@
 
 use crate::format::generated::pte_fb;
 use crate::format::layout::{FileIndex, Location, TensorShape};
-use crate::format::range::ByteRange;
 use crate::format::sharing::TensorId;
 use crate::format::{npy, Model, WriteTarget};
 use crate::format::{scalar_type, Kind};
 
-use super::source::{Bytes, Source};
+use super::plan::{Change, Owner, Plan};
+use crate::content::{Bytes, Source, Write};
 use crate::error::{Error, Result};
-
-/// A size-changing edit of one file.
-#[derive(Debug)]
-pub enum Change<'a> {
-    /// New bytes for segment `index`.
-    Segment { index: usize, data: Source<'a> },
-    /// New bytes for `Program.backend_delegate_data[index]`.
-    InlineDelegate { index: usize, data: Vec<u8> },
-    /// Tensors given bytes of their own, because the bytes they shared belong to distinct
-    /// tensors too (DESIGN.md §2.3), with same-size writes of other ranges of the file.
-    OwnBytes {
-        own: Vec<(Owner, Bytes<'a>)>,
-        /// Same-size replacements of ranges inside the file's segments.
-        patches: Vec<(ByteRange, Bytes<'a>)>,
-    },
-}
-
-/// A tensor given bytes of its own.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Owner {
-    /// Named-data entry `index` of the file: it gets a segment of its own.
-    Key { index: usize },
-    /// Values of the program, as (plan, value), that are one tensor (one parameter used by
-    /// several methods): they get one new buffer of the constant segment, or of the mutable
-    /// initial states when `mutable`.
-    Buffer {
-        mutable: bool,
-        values: Vec<(usize, usize)>,
-    },
-}
-
-/// A same-size write: new bytes for a byte range, and the tensor they belong to (none for
-/// raw segments and delegate payloads, which are not tensors).
-#[derive(Debug)]
-pub struct Write<'a> {
-    pub location: Location,
-    pub bytes: Bytes<'a>,
-    pub of: Option<TensorId>,
-}
-
-#[derive(Debug)]
-pub enum Plan<'a> {
-    /// Same-size replacements of these ranges.
-    InPlace {
-        writes: Vec<Write<'a>>,
-    },
-    Relayout {
-        file: FileIndex,
-        change: Change<'a>,
-    },
-    /// Files re-laid out (tensors given bytes of their own), and same-size writes into
-    /// the other files.
-    Separate {
-        relayouts: Vec<(FileIndex, Change<'a>)>,
-        in_place: Vec<Write<'a>>,
-    },
-}
-
-impl Plan<'_> {
-    /// The files this plan changes, in order, each once.
-    pub fn files(&self) -> Vec<FileIndex> {
-        let mut files: Vec<FileIndex> = match self {
-            Plan::InPlace { writes } => writes.iter().map(|w| w.location.file).collect(),
-            Plan::Relayout { file, .. } => vec![*file],
-            Plan::Separate {
-                relayouts,
-                in_place,
-            } => relayouts
-                .iter()
-                .map(|(f, _)| *f)
-                .chain(in_place.iter().map(|w| w.location.file))
-                .collect(),
-        };
-        files.sort_unstable();
-        files.dedup();
-        files
-    }
-}
 
 fn exact_size(location: Location, what: &str, data: Source) -> Result<()> {
     let need = location.range.len();

@@ -1,6 +1,10 @@
-//! Where the new content of a commit comes from: bytes in memory, or a range of a file (a
-//! writer's staged content that spilled to disk), read in bounded chunks so a commit of
-//! GiBs needs neither their size in memory nor a mapping of them.
+//! New content for a model: where a writer's bytes come from (memory, or a range of a file
+//! when its staged content spilled to disk), bytes a commit computed itself, and a
+//! same-size write of a range of a model file. Content is read in bounded chunks, so a
+//! commit of GiBs needs neither their size in memory nor a mapping of them.
+//!
+//! This is the vocabulary shared by everything that plans writes: the edit layer, and the
+//! backends whose values are written through a conversion (re-quantization).
 //!
 //! Invariant: a `Source` never reaches past its own `len`; sub-ranges are checked.
 
@@ -10,6 +14,8 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 
 use crate::error::{Error, Result};
+use crate::format::layout::Location;
+use crate::format::sharing::TensorId;
 
 /// How much of a file source is read at a time.
 pub const CHUNK: usize = 8 << 20;
@@ -29,6 +35,15 @@ impl Bytes<'_> {
             Bytes::Owned(v) => Source::Memory(v),
         }
     }
+}
+
+/// A same-size write: new bytes for a byte range, and the tensor they belong to (none for
+/// raw segments and delegate payloads, which are not tensors).
+#[derive(Debug)]
+pub struct Write<'a> {
+    pub location: Location,
+    pub bytes: Bytes<'a>,
+    pub of: Option<TensorId>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -177,7 +192,7 @@ impl<'a> Source<'a> {
 
 /// `copy_file_range` of `len` bytes; returns how many it copied, fewer when the kernel
 /// cannot copy between these files (the caller copies the rest through a buffer).
-pub(super) fn copy_in_kernel(
+pub(crate) fn copy_in_kernel(
     src: &File, src_off: u64, dst: &File, dst_off: u64, len: u64,
 ) -> io::Result<u64> {
     let mut off_in = src_off as libc::loff_t;
