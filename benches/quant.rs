@@ -8,7 +8,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use ptefs::backend::xnnpack::quant::QuantLayout;
-use ptefs::backend::xnnpack::{ConstantRef, Datatype, QuantParams, ScaleDtype, ScaleRef, XnnValue};
+use ptefs::backend::xnnpack::{BlobRef, Datatype, QuantParams, ScaleDtype, ScaleRef, XnnValue};
 
 const ROWS: u32 = 4096;
 const COLS: u32 = 4096;
@@ -18,7 +18,7 @@ const WINDOW: usize = 1 << 18;
 
 fn scales(dtype: ScaleDtype, count: u64) -> Option<ScaleRef> {
     Some(ScaleRef {
-        bytes: ConstantRef::Named {
+        bytes: BlobRef::Named {
             key: "scales".into(),
             size: count * dtype.size(),
         },
@@ -41,7 +41,7 @@ fn filter(datatype: Datatype, quant: QuantParams) -> XnnValue {
         flags: 0,
         dq_datatype: Datatype::INVALID,
         quant: Some(quant),
-        constant: Some(ConstantRef::Named {
+        constant: Some(BlobRef::Named {
             key: "weights".into(),
             size: 0,
         }),

@@ -15,12 +15,12 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::catalog::Catalog;
 use crate::daemon::{lock, recovery};
 use crate::edit::{self, bulk, Source};
 use crate::error::{Error, Result};
 use crate::format::safetensors::Entry;
 use crate::format::Model;
-use crate::tree::{Content, Tree};
 
 /// What `ptefs apply` was asked.
 #[derive(Debug, Clone)]
@@ -29,23 +29,21 @@ pub struct ApplyRequest {
     pub data: Vec<PathBuf>,
     pub update: PathBuf,
     pub dry_run: bool,
-    pub max_nodes: u64,
 }
 
-/// The tensors of every `weights.safetensors` of `tree`, refusing names that more than one
+/// The tensors of every file's `weights.safetensors`, refusing names that more than one
 /// file uses when the update names them.
-fn entries_of(tree: &Tree, model: &Model, named: &[String]) -> Result<Vec<Entry>> {
+fn entries_of(catalog: &Catalog, named: &[String]) -> Result<Vec<Entry>> {
+    let model = &*catalog.model;
     let mut entries: Vec<Entry> = Vec::new();
     let mut files_of: HashMap<String, Vec<usize>> = HashMap::new();
-    for node in &tree.nodes {
-        if let Content::Weights(w) = &node.content {
-            for e in tree.weights(w).entries.iter() {
-                files_of
-                    .entry(e.name.clone())
-                    .or_default()
-                    .push(e.location.file);
-                entries.push(e.clone());
-            }
+    for file in 0..model.files.len() {
+        for e in &catalog.weights(file).entries {
+            files_of
+                .entry(e.name.clone())
+                .or_default()
+                .push(e.location.file);
+            entries.push(e.clone());
         }
     }
     let ambiguous: Vec<String> = named
@@ -115,11 +113,11 @@ pub fn apply(req: &ApplyRequest, out: &mut dyn Write) -> Result<bulk::Summary> {
     } else {
         Model::open_writable(&file, &data)?
     };
-    let model = Arc::new(model);
-    let tree = Tree::build_limited(model.clone(), req.max_nodes)?;
-    let entries = entries_of(&tree, &model, &named)?;
-    let (plan, summary) = bulk::plan(&model, &entries, source)
-        .and_then(|(plan, summary)| Ok((edit::identity::separate(&model, plan)?, summary)))
+    let catalog = Catalog::of(Arc::new(model));
+    let model = &*catalog.model;
+    let entries = entries_of(&catalog, &named)?;
+    let (plan, summary) = bulk::plan(model, &entries, source)
+        .and_then(|(plan, summary)| Ok((edit::identity::separate(model, plan)?, summary)))
         .map_err(|e| e.context(req.update.display()))?;
     if !req.dry_run {
         for f in plan.files() {
@@ -134,7 +132,7 @@ pub fn apply(req: &ApplyRequest, out: &mut dyn Write) -> Result<bulk::Summary> {
                 ));
             }
         }
-        edit::commit_plan(&model, plan, || (), &claims)?;
+        edit::commit_plan(model, plan, || (), &claims)?;
     }
     report(&summary, req.dry_run, out).map_err(|e| Error::io("standard output", e))?;
     Ok(summary)

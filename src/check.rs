@@ -15,7 +15,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use crate::backend::{self, xnnpack, BackendView, NotDecoded};
+use crate::backend::{Blob, BlobRef, KeyRole};
+use crate::catalog::Payloads;
 use crate::format::generated::pte_fb;
 use crate::format::layout::DataKind;
 use crate::format::{scalar_type, Kind, Model, ModelFile};
@@ -24,12 +25,17 @@ use crate::format::{scalar_type, Kind, Model, ModelFile};
 const MAX_RANK: usize = 16;
 
 pub fn defects(model: &Model) -> Vec<String> {
+    defects_with(model, &Payloads::decode(model))
+}
+
+/// `defects`, with the model's payloads decoded already.
+pub fn defects_with(model: &Model, payloads: &Payloads) -> Vec<String> {
     let mut out = Vec::new();
     if let Some(layout) = &model.pte_layout {
         out.extend(layout.defects.iter().cloned());
     }
     out.extend(unattached_external(model));
-    out.extend(delegate_defects(model));
+    out.extend(delegate_defects(model, payloads));
     for (i, f) in model.files.iter().enumerate() {
         let name = f.path.display().to_string();
         match &f.kind {
@@ -74,102 +80,84 @@ pub fn defects(model: &Model) -> Vec<String> {
     out
 }
 
-/// Calls `f` with the place, backend id and payload of every delegate whose payload is
-/// where the layout says.
-fn each_payload(model: &Model, mut f: impl FnMut(&str, &str, &[u8])) {
-    let (Some(pte), Some(layout)) = (model.pte(), &model.pte_layout) else {
-        return;
-    };
-    let plans = pte.program.execution_plan.as_deref().unwrap_or_default();
-    for (p, plan) in plans.iter().enumerate() {
-        let name = plan.name.as_deref().unwrap_or("");
-        for (j, d) in plan.delegates.iter().flatten().enumerate() {
-            let Some(Ok(loc)) = layout.plans.get(p).and_then(|l| l.delegates.get(j)) else {
-                continue;
-            };
-            let id = d.id.as_deref().unwrap_or("");
-            let place = format!("plan {p} (\"{name}\") delegate {j} ({id})");
-            f(
-                &place,
-                id,
-                &model.files[loc.file].bytes()[loc.range.as_usize()],
-            );
-        }
-    }
+/// Where delegate `j` of plan `p` is, for messages: `plan 0 ("forward") delegate 1
+/// (XnnpackBackend)`.
+fn delegate_place(model: &Model, p: usize, j: usize) -> String {
+    let plan = model
+        .pte()
+        .and_then(|pte| pte.program.execution_plan.as_deref()?.get(p));
+    let name = plan.and_then(|pl| pl.name.as_deref()).unwrap_or("");
+    let id = plan
+        .and_then(|pl| pl.delegates.as_deref()?.get(j)?.id.as_deref())
+        .unwrap_or("");
+    format!("plan {p} (\"{name}\") delegate {j} ({id})")
 }
 
 /// Delegate payloads a decoder cannot read, and references from a decoded payload that do
 /// not resolve: a named key missing from every file at hand, or bytes whose size disagrees
-/// with the value's datatype and dims. The runtime fails to load such a method.
-fn delegate_defects(model: &Model) -> Vec<String> {
+/// with what the value's datatype and dims (or its scale count) need. The runtime fails to
+/// load such a method.
+fn delegate_defects(model: &Model, payloads: &Payloads) -> Vec<String> {
     let mut out = Vec::new();
-    each_payload(model, |place, id, payload| {
-        match backend::decode_payload(id, payload) {
-            Err(NotDecoded::NoDecoder) => {}
-            Err(NotDecoded::Invalid(e)) => {
-                out.push(format!("{place}: the payload does not decode: {e}"))
+    let (Some(pte), Some(layout)) = (model.pte(), &model.pte_layout) else {
+        return out;
+    };
+    let plans = pte.program.execution_plan.as_deref().unwrap_or_default();
+    for (p, plan) in plans.iter().enumerate() {
+        for j in 0..plan.delegates.as_ref().map_or(0, Vec::len) {
+            if !matches!(
+                layout.plans.get(p).and_then(|l| l.delegates.get(j)),
+                Some(Ok(_))
+            ) {
+                continue;
             }
-            Ok(BackendView::Xnnpack(graph)) => xnnpack_references(model, place, &graph, &mut out),
+            let place = || delegate_place(model, p, j);
+            if let Some(e) = payloads.refusal(p, j) {
+                out.push(format!("{}: the payload does not decode: {e}", place()));
+            }
+            if let Some(dec) = payloads.get(p, j) {
+                blob_defects(model, &place(), &dec.payload.blobs(), &mut out);
+            }
         }
-    });
+    }
     out
 }
 
-fn xnnpack_references(
-    model: &Model, place: &str, graph: &xnnpack::XnnGraph, out: &mut Vec<String>,
-) {
+/// The blobs a decoded payload reads that the files at hand do not hold as it needs.
+fn blob_defects(model: &Model, place: &str, blobs: &[Blob], out: &mut Vec<String>) {
     let attached = model.files.len() > 1;
-    let check_key = |out: &mut Vec<String>, what: String, key: &str, want: Option<u64>| match model
-        .named_blob(key)
-    {
-        None => out.push(format!(
-            "{place}: {what} needs named data \"{key}\", which {}",
-            if attached {
-                "no attached file has"
-            } else {
-                "the program does not have (attach its .ptd with --data)"
-            }
-        )),
-        Some((_, _, Err(e))) => out.push(format!("{place}: {what}: \"{key}\": {e}")),
-        Some((_, _, Ok(loc))) => {
-            if let Some(want) = want.filter(|&w| w != loc.range.len()) {
-                out.push(format!(
-                    "{place}: {what}: named data \"{key}\" is {} bytes, expected {want}",
-                    loc.range.len()
-                ));
-            }
-        }
-    };
-    for v in graph.constants() {
-        let what = format!("value %{} ({})", v.id, v.describe());
-        let want = v.expected_nbytes().ok();
-        match &v.constant {
-            Some(xnnpack::ConstantRef::Named { key, .. }) => {
-                check_key(out, what.clone(), key, want)
-            }
-            Some(xnnpack::ConstantRef::Payload { size, .. }) => {
-                if let Some(want) = want.filter(|w| w != size) {
+    for b in blobs {
+        let what = match b.role {
+            KeyRole::Constant => format!("value %{} ({})", b.value, b.describe),
+            KeyRole::Scale => format!("value %{} ({}) scales", b.value, b.describe),
+        };
+        match &b.bytes {
+            BlobRef::Named { key, .. } => match model.named_blob(key) {
+                None => out.push(format!(
+                    "{place}: {what} needs named data \"{key}\", which {}",
+                    if attached {
+                        "no attached file has"
+                    } else {
+                        "the program does not have (attach its .ptd with --data)"
+                    }
+                )),
+                Some((_, _, Err(e))) => out.push(format!("{place}: {what}: \"{key}\": {e}")),
+                Some((_, _, Ok(loc))) => {
+                    if let Some(want) = b.expected.filter(|&w| w != loc.range.len()) {
+                        out.push(format!(
+                            "{place}: {what}: named data \"{key}\" is {} bytes, expected {want}",
+                            loc.range.len()
+                        ));
+                    }
+                }
+            },
+            BlobRef::Payload { size, .. } => {
+                if let Some(want) = b.expected.filter(|w| w != size) {
                     out.push(format!(
                         "{place}: {what}: {size} bytes in the payload, expected {want}"
                     ));
                 }
             }
-            None => {}
-        }
-        let scales = v.quant.as_ref().and_then(|q| q.scale_ref());
-        if let Some(xnnpack::ScaleRef {
-            bytes: xnnpack::ConstantRef::Named { key, .. },
-            dtype,
-            count,
-            ..
-        }) = scales
-        {
-            check_key(
-                out,
-                format!("{what} scales"),
-                &key,
-                Some(count * dtype.size()),
-            );
         }
     }
 }
@@ -247,15 +235,15 @@ pub fn missing_keys(model: &Model) -> Vec<String> {
             }
         }
     }
-    each_payload(model, |_, id, payload| {
-        if let Ok(BackendView::Xnnpack(graph)) = backend::decode_payload(id, payload) {
-            for u in graph.named_uses() {
-                if model.named_blob(u.key).is_none() {
-                    add(u.key);
+    for (_, dec) in Payloads::decode(model).iter() {
+        for b in dec.payload.blobs() {
+            if let BlobRef::Named { key, .. } = &b.bytes {
+                if model.named_blob(key).is_none() {
+                    add(key);
                 }
             }
         }
-    });
+    }
     out
 }
 

@@ -9,6 +9,7 @@ extern crate alloc;
 
 pub mod apply;
 pub mod backend;
+pub mod catalog;
 pub mod check;
 pub mod content;
 pub mod daemon;

@@ -111,8 +111,6 @@ enum Command {
         /// Check the update and say what it would change, writing nothing.
         #[arg(long)]
         dry_run: bool,
-        #[arg(long, value_name = "N", help = MAX_NODES_HELP, default_value_t = DEFAULT_MAX_NODES, hide_default_value = true)]
-        max_nodes: u64,
     },
     /// Deep validation: exit 0 when sound, else each defect on its own line (and the .ptd
     /// files beside the model that hold keys it lacks).
@@ -240,14 +238,12 @@ fn main() -> ExitCode {
             update,
             data,
             dry_run,
-            max_nodes,
         } => {
             let req = ApplyRequest {
                 file,
                 data,
                 update,
                 dry_run,
-                max_nodes,
             };
             exit_code(apply(&req, &mut out).map(|_| ()))
         }

@@ -9,10 +9,10 @@ pub mod info;
 
 pub use info::info;
 
+use crate::catalog::names::{Names, Part, NAME_MAX};
 use crate::error::{Error, Result};
 use crate::format::Model;
 use crate::fs::{Attr, FileType, Fs, Options};
-use crate::tree::names::{Names, Part, NAME_MAX};
 use crate::tree::{Ino, Tree, DEFAULT_MAX_NODES};
 
 /// The tree of `file` (with `data` attached), read-only, within the default node limit.

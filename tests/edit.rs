@@ -433,7 +433,7 @@ fn size_changes_relayout_and_keep_other_segments() {
                 let before = segments(&file);
                 let table_json = |fs: &Fs| -> serde_json::Value {
                     let t = fs.tree();
-                    let prefix = t.names.file_prefix(loc.file);
+                    let prefix = t.catalog.names.file_prefix(loc.file);
                     let leaf = if file.extension().is_some_and(|e| e == "ptd") {
                         "flat_tensor.json"
                     } else {

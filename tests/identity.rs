@@ -423,7 +423,7 @@ fn bulk_updates_keep_distinct_tensors_apart() {
         .unwrap()
         .content
     {
-        Content::Weights(w) => tree.weights(w).entries.clone(),
+        Content::Weights { file } => tree.weights(*file).entries.clone(),
         _ => panic!("weights.safetensors is a weights file"),
     };
     // Values 8, 9 and 10 of forward are three tensors on one constant buffer.

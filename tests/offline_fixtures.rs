@@ -13,8 +13,8 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use common::{fixture_files, load_json, manifests, read_all, sha256_hex, walk};
+use ptefs::catalog::names::{dedupe, encode};
 use ptefs::fs::{FileType, Fs};
-use ptefs::tree::names::{dedupe, encode};
 use ptefs::tree::{Content, Ino, Tree};
 
 /// One opened fixture and the mismatches found in it.

@@ -13,7 +13,7 @@ use libfuzzer_sys::fuzz_target;
 use ptefs::backend::xnnpack::quant::QuantLayout;
 use ptefs::backend::xnnpack::render::{graph_json, graph_txt, header_json, value_json};
 use ptefs::backend::xnnpack::{
-    decode, ConstantRef, Datatype, QuantParams, ScaleDtype, ScaleRef, XnnValue,
+    decode, BlobRef, Datatype, QuantParams, ScaleDtype, ScaleRef, XnnValue,
 };
 
 /// The bytes of `data`, repeated to `len`.
@@ -86,7 +86,7 @@ fn synthetic(selector: u8, data: &[u8]) -> Option<XnnValue> {
     let cols = u32::from(byte(1) % 17 + 1);
     let scales = |dtype: ScaleDtype, count: u64| {
         Some(ScaleRef {
-            bytes: ConstantRef::Payload {
+            bytes: BlobRef::Payload {
                 offset: 0,
                 size: count * dtype.size(),
             },
@@ -156,7 +156,7 @@ fn synthetic(selector: u8, data: &[u8]) -> Option<XnnValue> {
                 QuantParams::PerTensor {
                     scale: f32::from(byte(3)) / 64.0 + 0.001,
                     zero_point,
-                    scale_field: Some(ConstantRef::Payload { offset: 0, size: 4 }),
+                    scale_field: Some(BlobRef::Payload { offset: 0, size: 4 }),
                 },
             )
         }

@@ -9,15 +9,16 @@
 mod beside;
 pub mod bulk;
 mod direct;
+mod float;
 pub mod identity;
 pub mod journal;
 pub mod plan;
 pub mod relayout;
-mod requantize;
 pub mod validate;
 
 use std::path::Path;
 
+use crate::catalog::Catalog;
 use crate::error::Result;
 use crate::format::layout::{FileIndex, Location};
 use crate::format::range::ByteRange;
@@ -64,14 +65,14 @@ fn joined(ranges: impl Iterator<Item = Location>) -> Vec<Location> {
 }
 
 /// Checks `data` as the new content of the file behind `target`, without writing anything.
-pub fn validate(model: &Model, target: &WriteTarget, data: Source) -> Result<()> {
-    validate::plan(model, target, data).map(|_| ())
+pub fn validate(catalog: &Catalog, target: &WriteTarget, data: Source) -> Result<()> {
+    validate::plan(catalog, target, data).map(|_| ())
 }
 
 /// How `data` becomes the new content of the file behind `target`: validated, with the
 /// tensors it writes kept apart from distinct tensors that share their bytes.
-pub fn plan<'a>(model: &Model, target: &WriteTarget, data: Source<'a>) -> Result<Plan<'a>> {
-    identity::separate(model, validate::plan(model, target, data)?)
+pub fn plan<'a>(catalog: &Catalog, target: &WriteTarget, data: Source<'a>) -> Result<Plan<'a>> {
+    identity::separate(&catalog.model, validate::plan(catalog, target, data)?)
 }
 
 /// Whoever holds a claim on the model files (one mount per file) is told of their identity.
@@ -99,10 +100,15 @@ impl FileWatcher for Unwatched {
 /// `exclusive` is held while bytes that readers may be mapping change in place; `watcher`
 /// is told before a re-layout renames a new file over the model.
 pub fn commit<G>(
-    model: &Model, target: &WriteTarget, data: Source, exclusive: impl Fn() -> G,
+    catalog: &Catalog, target: &WriteTarget, data: Source, exclusive: impl Fn() -> G,
     watcher: &dyn FileWatcher,
 ) -> Result<Outcome> {
-    commit_plan(model, plan(model, target, data)?, exclusive, watcher)
+    commit_plan(
+        &catalog.model,
+        plan(catalog, target, data)?,
+        exclusive,
+        watcher,
+    )
 }
 
 /// Writes what a validated `plan` says: in place, one journal per file, or by re-laying a

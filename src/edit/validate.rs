@@ -8,6 +8,7 @@ use crate::format::{npy, Model, WriteTarget};
 use crate::format::{scalar_type, Kind};
 
 use super::plan::{Change, Owner, Plan};
+use crate::catalog::Catalog;
 use crate::content::{Bytes, Source, Write};
 use crate::error::{Error, Result};
 
@@ -120,7 +121,8 @@ fn in_place(location: Location, bytes: Source, of: Option<TensorId>) -> Plan {
 }
 
 /// Decides how `data` becomes the new content of `target`, or why it cannot.
-pub fn plan<'a>(model: &Model, target: &WriteTarget, data: Source<'a>) -> Result<Plan<'a>> {
+pub fn plan<'a>(catalog: &Catalog, target: &WriteTarget, data: Source<'a>) -> Result<Plan<'a>> {
+    let model = &*catalog.model;
     match target {
         WriteTarget::TensorBin {
             location,
@@ -165,20 +167,14 @@ pub fn plan<'a>(model: &Model, target: &WriteTarget, data: Source<'a>) -> Result
             let bytes = check_npy(want, data)?;
             Ok(in_place(*location, bytes, *of))
         }
-        WriteTarget::Weights { entries, .. } => {
-            let entries = entries.get().ok_or_else(|| {
-                Error::new(
-                    libc::EIO,
-                    "weights.safetensors: written before its tensors were listed",
-                )
-            })?;
-            super::bulk::plan(model, entries, data).map(|(p, _)| p)
+        WriteTarget::Weights { file } => {
+            super::bulk::plan(model, &catalog.weights(*file).entries, data).map(|(p, _)| p)
         }
         WriteTarget::PayloadConstantF32 {
             plan,
             delegate,
             value,
-        } => super::requantize::plan(model, *plan, *delegate, *value, data),
+        } => super::float::plan(catalog, *plan, *delegate, *value, data),
         WriteTarget::Segment {
             location, index, ..
         } => {

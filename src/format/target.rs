@@ -4,10 +4,9 @@
 //!
 //! Invariant: every `Location` here came from `layout`, so it lies inside its file.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use super::layout::{FileIndex, Location, TensorShape};
-use super::safetensors::Entry;
 use super::sharing::TensorId;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,7 +33,7 @@ pub enum WriteTarget {
         index: usize,
         location: Location,
     },
-    /// The bytes of a constant of a decoded delegate payload (`xnnpack/values/<id>.bin`):
+    /// The bytes of a constant of a decoded delegate payload (`<backend>/values/<id>.bin`):
     /// exactly as many, written where they live (named data, or inside the payload).
     PayloadConstant {
         location: Location,
@@ -52,11 +51,9 @@ pub enum WriteTarget {
         of: Option<TensorId>,
     },
     /// `weights.safetensors` of model file `file`: a safetensors file naming any subset of
-    /// its tensors, each with the same dtype and shape, all written in one commit.
-    Weights {
-        file: FileIndex,
-        entries: Arc<WeightsEntries>,
-    },
+    /// its tensors (the catalog's listing), each with the same dtype and shape, all written
+    /// in one commit.
+    Weights { file: FileIndex },
     /// Its float32 view (`.f32.npy`): re-quantized into the constant's bytes and scales,
     /// which change together. The value is found again in the payload at commit.
     PayloadConstantF32 {
@@ -87,29 +84,3 @@ impl WriteTarget {
         }
     }
 }
-
-/// The tensors a `weights.safetensors` shows. The tree lists them when the file is first
-/// looked up, since listing every tensor of a large model costs more than the rest of its
-/// tree and most mounts never open the file; nothing is written to it before then.
-#[derive(Debug, Default)]
-pub struct WeightsEntries(OnceLock<Arc<[Entry]>>);
-
-impl WeightsEntries {
-    /// The entries, once the tree has listed them.
-    pub fn get(&self) -> Option<&Arc<[Entry]>> {
-        self.0.get()
-    }
-
-    /// The entries, listed by `list` on the first call.
-    pub fn get_or_init(&self, list: impl FnOnce() -> Arc<[Entry]>) -> &Arc<[Entry]> {
-        self.0.get_or_init(list)
-    }
-}
-
-impl PartialEq for WeightsEntries {
-    fn eq(&self, other: &Self) -> bool {
-        self.get() == other.get()
-    }
-}
-
-impl Eq for WeightsEntries {}

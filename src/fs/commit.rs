@@ -20,7 +20,12 @@ use crate::tree::{Ino, Tree};
 /// beyond the flatbuffer, and outside every decoded delegate payload, changes bytes that no
 /// generated file or layout is computed from.
 fn outcome_keeps_structure(old: &Tree, outcome: &Outcome) -> bool {
-    let decoded: Vec<Location> = old.delegates.iter().map(|(_, d)| d.payload).collect();
+    let decoded: Vec<Location> = old
+        .catalog
+        .payloads
+        .iter()
+        .map(|(_, d)| d.location)
+        .collect();
     let overlaps = |a: &Location, b: &Location| {
         a.file == b.file && a.range.start() < b.range.end() && b.range.start() < a.range.end()
     };
@@ -48,11 +53,8 @@ fn invalidations(old: &Tree, outcome: &Outcome) -> Invalidate {
         })
     };
     Invalidate::inodes(
-        old.nodes
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| n.content.reads().iter().any(overlaps))
-            .map(|(i, _)| i as Ino + 1)
+        (1..=old.nodes.len() as Ino)
+            .filter(|&ino| old.reads(ino).iter().any(overlaps))
             .collect(),
     )
 }
@@ -93,7 +95,7 @@ impl Fs {
         let path = tree.path(ino);
         // Readers of the mapped bytes wait while they change in place (see `read_with`).
         let exclusive = || self.gate.write().unwrap_or_else(|e| e.into_inner());
-        let outcome = edit::commit(&tree.model, &target, data, exclusive, &*self.watcher)
+        let outcome = edit::commit(&tree.catalog, &target, data, exclusive, &*self.watcher)
             .map_err(|e| e.context(&path))?;
         let mut inval = invalidations(&tree, &outcome);
         if outcome_keeps_structure(&tree, &outcome) {

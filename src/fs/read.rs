@@ -4,9 +4,9 @@
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
+use crate::catalog::Piece;
 use crate::error::{Error, Result};
 use crate::format::layout::Location;
-use crate::tree::weights::Piece;
 use crate::tree::{Content, Ino, Tree};
 
 /// How far ahead of a sequential reader the backing file is asked into the page cache, and
@@ -106,8 +106,8 @@ fn backing_span(tree: &Tree, ino: Ino, offset: u64, size: u32) -> Option<(usize,
         Content::Range(l) => Some(range(l, 0)),
         Content::Npy { header, location } => Some(range(location, header.len() as u64)),
         // The tensors of a `weights.safetensors` follow each other in one file, in file order.
-        Content::Weights(w) => {
-            let w = tree.weights(w);
+        Content::Weights { file } => {
+            let w = tree.weights(*file);
             let pieces = w.pieces(offset, size);
             let mut ranges = pieces.iter().filter_map(|p| match p {
                 Piece::Range(l) => Some(*l),
@@ -241,19 +241,19 @@ pub fn read(tree: Arc<Tree>, ino: Ino, offset: u64, size: u32) -> Result<ReadDat
                 Part::Owned(out)
             }
         }
-        Content::Dequantized { header, view } => {
-            for l in std::iter::once(&view.data).chain(&view.scales) {
-                check_still_backed(&tree, l)?;
+        Content::FloatView { header, view } => {
+            for l in view.sources() {
+                check_still_backed(&tree, &l)?;
             }
-            let bytes = crate::tree::xnnpack::read_f32(&tree.model, view, header, offset, size)?;
+            let bytes = crate::backend::view::read_f32(&tree.model, view, header, offset, size)?;
             // A truncation during the reads leaves zeros behind: do not serve them.
-            for l in std::iter::once(&view.data).chain(&view.scales) {
-                check_still_backed(&tree, l)?;
+            for l in view.sources() {
+                check_still_backed(&tree, &l)?;
             }
             Part::Owned(bytes)
         }
-        Content::Weights(w) => {
-            let w = tree.weights(w);
+        Content::Weights { file } => {
+            let w = tree.weights(*file);
             let pieces = w.pieces(offset, size);
             for p in &pieces {
                 if let Piece::Range(l) = p {
@@ -330,7 +330,7 @@ pub fn read_for_copy(tree: Arc<Tree>, ino: Ino, offset: u64, size: u32) -> Resul
     let pieces = match &node.content {
         Content::Range(l) => pieces_of(l, &[], offset, size),
         Content::Npy { header, location } => pieces_of(location, header, offset, size),
-        Content::Weights(w) => tree.weights(w).pieces(offset, size),
+        Content::Weights { file } => tree.weights(*file).pieces(offset, size),
         _ => return read(tree.clone(), ino, offset, size),
     };
     let mut out = Vec::with_capacity(size as usize);

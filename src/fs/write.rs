@@ -495,7 +495,7 @@ impl Fs {
             .node(ino)
             .and_then(|n| n.write.as_ref())
             .ok_or_else(|| self.not_writable(&tree, ino))?;
-        crate::edit::validate(&tree.model, target, staged.source())
+        crate::edit::validate(&tree.catalog, target, staged.source())
             .map_err(|e| e.context(tree.path(ino)))
     }
 

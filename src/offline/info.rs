@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 use std::io::Write;
 
+use crate::backend::{self, BACKENDS};
 use crate::error::Result;
 use crate::format::generated::pte_fb;
 use crate::format::layout::{DataKind, FileIndex, Location};
@@ -22,7 +23,7 @@ use crate::format::range::ByteRange;
 use crate::format::{scalar_type, Kind, Model};
 use crate::fs::Fs;
 use crate::tree::render::{io_value, kernel_type_name, signature_dims};
-use crate::tree::{xnnpack, Tree};
+use crate::tree::Tree;
 
 use super::output;
 
@@ -173,7 +174,9 @@ fn pte_info(tree: &Tree, pte: &Pte, s: &mut String) {
     }
     tensor_table(model, s);
     named_data_table(tree, s);
-    xnnpack_table(tree, s);
+    for b in BACKENDS {
+        payload_table(tree, *b, s);
+    }
     let _ = writeln!(s, "segments: {}", pte_segments(pte));
 }
 
@@ -287,7 +290,7 @@ fn delegate_summary(tree: &Tree, p: usize, delegates: &[pte_fb::BackendDelegateT
     for (j, d) in delegates.iter().enumerate() {
         let e = by_id.entry(d.id.as_deref().unwrap_or("")).or_default();
         e.0 += 1;
-        if tree.delegates.get(p, j).is_some() {
+        if tree.catalog.payloads.get(p, j).is_some() {
             e.1 += 1;
         }
     }
@@ -295,7 +298,7 @@ fn delegate_summary(tree: &Tree, p: usize, delegates: &[pte_fb::BackendDelegateT
         .iter()
         .take(BACKENDS_SHOWN)
         .map(|(id, (n, decoded))| {
-            if *id == xnnpack::BACKEND_ID {
+            if backend::backend(id).is_some() {
                 format!("{id} {n} ({decoded} decoded)")
             } else {
                 format!("{id} {n}")
@@ -356,8 +359,8 @@ fn named_label(tree: &Tree, file: FileIndex, k: usize, key: &str, layout: Option
         .model
         .named_blob(key)
         .is_some_and(|(f, i, _)| (f, i) == (file, k));
-    match tree.delegates.uses_of(key).first() {
-        Some(u) if read_here => format!("XNNPACK {}", u.describe()),
+    match tree.catalog.payloads.uses_of(key).first() {
+        Some(u) if read_here => u.describe(),
         _ => "(blob)".to_string(),
     }
 }
@@ -396,8 +399,8 @@ fn named_data_table(tree: &Tree, s: &mut String) {
     table.write(title, s);
 }
 
-/// The constants of every decoded XNNPACK payload by datatype, and their scale blobs.
-fn xnnpack_table(tree: &Tree, s: &mut String) {
+/// The constants of every decoded payload of `backend` by datatype, and their scale blobs.
+fn payload_table(tree: &Tree, backend: &dyn backend::Backend, s: &mut String) {
     let model = &*tree.model;
     let payloads = model
         .pte()
@@ -405,45 +408,54 @@ fn xnnpack_table(tree: &Tree, s: &mut String) {
         .unwrap_or_default()
         .iter()
         .flat_map(|p| p.delegates.iter().flatten())
-        .filter(|d| d.id.as_deref() == Some(xnnpack::BACKEND_ID))
+        .filter(|d| d.id.as_deref() == Some(backend.id()))
         .count();
     if payloads == 0 {
         return;
     }
+    let name = backend.display_name();
     let mut table = Table::default();
     let mut unresolved = 0u64;
     let mut decoded = 0;
-    for (_, dec) in tree.delegates.iter() {
+    let ours = tree
+        .catalog
+        .payloads
+        .iter()
+        .filter(|(_, d)| d.payload.backend().id() == backend.id());
+    for (_, dec) in ours {
         decoded += 1;
         // A key no attached file holds is listed apart, with the size the graph records.
-        for c in dec.constant_bytes(model) {
-            match c.at {
-                Ok(l) => table.add(c.what, Some(Bytes::At(l))),
+        for (blob, at) in dec.placed_blobs(model) {
+            if blob.inline {
+                continue;
+            }
+            match at {
+                Ok(l) => table.add(blob.label, Some(Bytes::At(l))),
                 Err(missing) => {
                     unresolved += 1;
                     let bytes = missing.map(|(key, size)| Bytes::Missing { key, size });
-                    table.add(format!("{}, in no attached file", c.what), bytes);
+                    table.add(format!("{}, in no attached file", blob.label), bytes);
                 }
             }
         }
     }
     table.write(
         &format!(
-            "XNNPACK constants by datatype (values, distinct bytes), {decoded} of {payloads} payloads decoded"
+            "{name} constants by datatype (values, distinct bytes), {decoded} of {payloads} payloads decoded"
         ),
         s,
     );
     if decoded < payloads {
         let _ = writeln!(
             s,
-            "XNNPACK payloads that do not decode: {} (ptefs check says why)",
+            "{name} payloads that do not decode: {} (ptefs check says why)",
             payloads - decoded
         );
     }
     if unresolved > 0 {
         let _ = writeln!(
             s,
-            "XNNPACK constants whose bytes no attached file holds: {unresolved} (attach the .ptd with --data)"
+            "{name} constants whose bytes no attached file holds: {unresolved} (attach the .ptd with --data)"
         );
     }
 }
@@ -542,8 +554,8 @@ fn data_files(tree: &Tree, s: &mut String) {
         let _ = writeln!(
             s,
             "  {} ({}): {}, {holds}",
-            crate::tree::render::file_name(model, f),
-            tree.names.file_prefix(f),
+            crate::catalog::payloads::file_name(model, f),
+            tree.catalog.names.file_prefix(f),
             human(file.bytes().len() as u64),
         );
     }

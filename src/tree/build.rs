@@ -3,11 +3,10 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 
-use super::weights::LazyWeights;
-use super::xnnpack::{Decoded, Delegates};
-use super::{names, Content, Ino, Names, Node, TextCache, TextKind, Tree, ROOT, UNKNOWN_LEN};
-use crate::backend::xnnpack::placed::{locate, Placed};
-use crate::backend::xnnpack::ConstantRef;
+use super::{Content, Ino, Node, TextCache, TextKind, Tree, ROOT, UNKNOWN_LEN};
+use crate::backend::BlobRef;
+use crate::catalog::names::{self, Names};
+use crate::catalog::{Catalog, Decoded, Payloads};
 use crate::error::{Error, Result};
 use crate::format::layout::{FileIndex, Location, TensorData, TensorShape};
 use crate::format::sharing::TensorId;
@@ -69,7 +68,7 @@ impl Builder {
     }
 
     /// Sorts the children of every directory by name, except those already in order.
-    fn finish(mut self, model: Arc<Model>, names: Names, delegates: Delegates) -> Tree {
+    fn finish(mut self, catalog: Arc<Catalog>) -> Tree {
         for &(dir, ordered) in &self.dirs {
             let i = (dir - 1) as usize;
             if ordered {
@@ -88,12 +87,11 @@ impl Builder {
             self.nodes[i].content = Content::Dir(children);
         }
         Tree {
-            model,
+            model: catalog.model.clone(),
+            catalog,
             nodes: self.nodes,
-            names,
             sharing: OnceLock::new(),
             texts: TextCache::new(super::TEXT_CACHE_BUDGET),
-            delegates,
         }
     }
 }
@@ -211,10 +209,12 @@ fn add_segments(
 
 /// `weights.safetensors` of file `file`, at `dir` (DESIGN.md §2.8).
 fn add_weights(b: &mut Builder, dir: Ino, file: FileIndex) {
-    let w = LazyWeights::new(file);
-    let entries = w.entries.clone();
-    let ino = b.push(dir, "weights.safetensors".to_string(), Content::Weights(w));
-    b.node_mut(ino).write = Some(WriteTarget::Weights { file, entries });
+    let ino = b.push(
+        dir,
+        "weights.safetensors".to_string(),
+        Content::Weights { file },
+    );
+    b.node_mut(ino).write = Some(WriteTarget::Weights { file });
 }
 
 fn add_ptd(b: &mut Builder, model: &Model, names: &Names, root: Ino, file: FileIndex) {
@@ -290,30 +290,30 @@ fn add_values(b: &mut Builder, plan_dir: Ino, p: usize, tensors: &[Option<Tensor
     b.set_children(values, children);
 }
 
-/// The nodes of one value of a decoded XNNPACK payload: its `.json`, and for a constant
-/// whose bytes are at hand its `.bin`, `.npy` and (quantized, fp16, bf16) `.f32.npy`.
-fn xnnpack_value_nodes(
+/// The nodes of value `k` of a decoded payload: its `.json`, and for a constant whose bytes
+/// are at hand its `.bin`, `.npy` (when NumPy can describe it) and `.f32.npy` (when the
+/// backend dequantizes it).
+fn payload_value_nodes(
     model: &Model, dec: &Decoded, dir: Ino, p: usize, j: usize, k: usize,
 ) -> Vec<Node> {
-    let v = &dec.graph.values[k];
+    let payload = &*dec.payload;
     let mut buf = [0u8; 20];
-    let base = names::decimal(u64::from(v.id), &mut buf).to_string();
+    let base = names::decimal(u64::from(payload.value_id(k)), &mut buf).to_string();
     let mut out = vec![node(
         dir,
         file_name(&base, ".json"),
-        text(TextKind::XnnValueJson(p, j, k)),
+        text(TextKind::PayloadValueJson(p, j, k)),
         None,
     )];
-    let Some(location) = v
-        .constant
-        .as_ref()
-        .and_then(|c| locate(model, dec.payload, c))
-    else {
+    let Some(constant) = payload.constant(k) else {
         return out;
     };
-    let what: Arc<str> = v.describe().into();
-    let of = match &v.constant {
-        Some(ConstantRef::Named { key, .. }) => model
+    let Some(location) = dec.locate(model, &constant.bytes) else {
+        return out;
+    };
+    let what: Arc<str> = constant.what.into();
+    let of = match &constant.bytes {
+        BlobRef::Named { key, .. } => model
             .named_blob(key)
             .map(|(file, k, _)| TensorId::key(file, k)),
         _ => None,
@@ -331,8 +331,8 @@ fn xnnpack_value_nodes(
     // Whether a constant has a `.npy` and a `.f32.npy` depends on its datatype only, not on
     // the size its bytes have now: a commit that resizes them leaves the tree's shape alone
     // (reads of a view whose bytes no longer fit fail with EIO; check reports the size).
-    if let Some(descr) = v.datatype.numpy_descr() {
-        let shape: Arc<[u64]> = v.datatype.npy_shape(&v.dims).into();
+    if let Some((descr, shape)) = constant.npy {
+        let shape: Arc<[u64]> = shape.into();
         out.push(node(
             dir,
             file_name(&base, ".npy"),
@@ -349,18 +349,19 @@ fn xnnpack_value_nodes(
             }),
         ));
     }
-    if let Some(view) = Placed::f32_view(model, dec.payload, v, false) {
-        let writable = view.scales.is_some() || v.quant.is_some();
-        let write = writable.then_some(WriteTarget::PayloadConstantF32 {
-            plan: p,
-            delegate: j,
-            value: v.id,
-        });
+    if let Some(view) = dec.float_view(model, k) {
+        let write = payload
+            .float_writable(k)
+            .then_some(WriteTarget::PayloadConstantF32 {
+                plan: p,
+                delegate: j,
+                value: payload.value_id(k),
+            });
         out.push(node(
             dir,
             file_name(&base, ".f32.npy"),
-            Content::Dequantized {
-                header: super::xnnpack::f32_npy_header(&v.dims),
+            Content::FloatView {
+                header: view.npy_header(),
                 view: Arc::new(view),
             },
             write,
@@ -369,27 +370,27 @@ fn xnnpack_value_nodes(
     out
 }
 
-/// `delegates/<j>/xnnpack/` of a payload that decoded (DESIGN.md §2.7).
-fn add_xnnpack(
+/// `delegates/<j>/<backend>/` of a payload that decoded (DESIGN.md §2.7).
+fn add_payload(
     b: &mut Builder, model: &Model, delegate_dir: Ino, p: usize, j: usize, dec: &Decoded,
 ) {
-    let dir = b.dir(delegate_dir, "xnnpack");
-    b.text(dir, "header.json", TextKind::XnnHeader(p, j));
-    b.text(dir, "graph.json", TextKind::XnnGraphJson(p, j));
-    b.text(dir, "graph.txt", TextKind::XnnGraphTxt(p, j));
+    let dir = b.dir(delegate_dir, dec.payload.backend().dir_name());
+    b.text(dir, "header.json", TextKind::PayloadHeader(p, j));
+    b.text(dir, "graph.json", TextKind::PayloadGraphJson(p, j));
+    b.text(dir, "graph.txt", TextKind::PayloadGraphTxt(p, j));
     let values = b.dir(dir, "values");
-    for k in 0..dec.graph.values.len() {
-        for n in xnnpack_value_nodes(model, dec, values, p, j, k) {
+    for k in 0..dec.payload.value_count() {
+        for n in payload_value_nodes(model, dec, values, p, j, k) {
             b.push_node(n);
         }
     }
 }
 
 /// Adds the tree of a `.pte`; returns the delegate directories whose payloads decoded, for
-/// `add_xnnpack` to fill last: the nodes of a decoded payload depend on its bytes, and a
+/// `add_payload` to fill last: the nodes of a decoded payload depend on its bytes, and a
 /// commit that changes them must not move the inode numbers of every node after them.
 fn add_pte(
-    b: &mut Builder, model: &Model, names: &Names, delegates: &Delegates, root: Ino,
+    b: &mut Builder, model: &Model, names: &Names, payloads: &Payloads, root: Ino,
 ) -> Vec<(Ino, usize, usize)> {
     let mut decoded_dirs = Vec::new();
     let pte = model.pte().expect("a .pte");
@@ -415,7 +416,7 @@ fn add_pte(
                     delegate: j,
                 });
             }
-            if delegates.get(p, j).is_some() {
+            if payloads.get(p, j).is_some() {
                 decoded_dirs.push((d, p, j));
             }
         }
@@ -456,31 +457,31 @@ fn add_pte(
 /// The number of nodes `Tree::build` makes for `model`, counted from its tables without
 /// building anything (so a file too large for the limit is refused before it costs memory).
 pub fn node_count(model: &Model) -> u64 {
-    node_count_with(model, &Delegates::decode(model))
+    node_count_with(model, &Payloads::decode(model))
 }
 
-/// The nodes `add_xnnpack` makes for a decoded payload.
-fn xnnpack_node_count(model: &Model, dec: &Decoded) -> u64 {
-    // xnnpack/, header.json, graph.json, graph.txt, values/
+/// The nodes `add_payload` makes for a decoded payload.
+fn payload_node_count(model: &Model, dec: &Decoded) -> u64 {
+    // <backend>/, header.json, graph.json, graph.txt, values/
     let mut n = 5;
-    for v in &dec.graph.values {
+    let payload = &*dec.payload;
+    for k in 0..payload.value_count() {
         n += 1;
-        if v.constant
-            .as_ref()
-            .and_then(|c| locate(model, dec.payload, c))
-            .is_none()
-        {
+        let Some(constant) = payload.constant(k) else {
+            continue;
+        };
+        if dec.locate(model, &constant.bytes).is_none() {
             continue;
         }
         n += 1;
-        n += u64::from(v.datatype.numpy_descr().is_some());
-        n += u64::from(Placed::f32_view(model, dec.payload, v, false).is_some());
+        n += u64::from(constant.npy.is_some());
+        n += u64::from(dec.float_view(model, k).is_some());
     }
     n
 }
 
 /// `node_count` with the payloads already decoded.
-fn node_count_with(model: &Model, delegates: &Delegates) -> u64 {
+fn node_count_with(model: &Model, payloads: &Payloads) -> u64 {
     let mut n: u64 = 1; // the root
     let segments = |file: &crate::format::ModelFile| match &file.kind {
         Kind::Pte(p) => p.segments.len() as u64,
@@ -514,8 +515,8 @@ fn node_count_with(model: &Model, delegates: &Delegates) -> u64 {
                     n += 2 + u64::from(d.is_ok());
                 }
             }
-            for ((_, _), dec) in delegates.iter() {
-                n += xnnpack_node_count(model, dec);
+            for ((_, _), dec) in payloads.iter() {
+                n += payload_node_count(model, dec);
             }
             for loc in &layout.named_data {
                 n += 1 + u64::from(loc.is_ok());
@@ -535,22 +536,23 @@ fn node_count_with(model: &Model, delegates: &Delegates) -> u64 {
 impl Tree {
     /// The tree of `model`, unless it would have more than `max_nodes` nodes.
     pub fn build_limited(model: Arc<Model>, max_nodes: u64) -> Result<Tree> {
-        let delegates = Delegates::decode(&model);
-        let n = node_count_with(&model, &delegates);
+        let payloads = Payloads::decode(&model);
+        let n = node_count_with(&model, &payloads);
         if n > max_nodes {
             return Err(too_many_nodes(&model, n, max_nodes));
         }
-        Ok(Tree::build_decoded(model, delegates))
+        Ok(Tree::of(Arc::new(Catalog::with_payloads(model, payloads))))
     }
 
     /// The tree of `model`, however large.
     pub fn build(model: Arc<Model>) -> Tree {
-        let delegates = Delegates::decode(&model);
-        Tree::build_decoded(model, delegates)
+        Tree::of(Arc::new(Catalog::of(model)))
     }
 
-    fn build_decoded(model: Arc<Model>, delegates: Delegates) -> Tree {
-        let count = node_count_with(&model, &delegates);
+    /// The tree that shows `catalog`'s model.
+    pub fn of(catalog: Arc<Catalog>) -> Tree {
+        let model = &*catalog.model;
+        let count = node_count_with(model, &catalog.payloads);
         let mut nodes = Vec::with_capacity(usize::try_from(count).unwrap_or(0));
         nodes.push(Node {
             name: String::new(),
@@ -562,22 +564,22 @@ impl Tree {
             nodes,
             dirs: vec![(ROOT, false)],
         };
-        let names = Names::of(&model);
+        let (names, payloads) = (&catalog.names, &catalog.payloads);
         match &model.files[0].kind {
             Kind::Pte(_) => {
-                for (dir, p, j) in add_pte(&mut b, &model, &names, &delegates, ROOT) {
-                    let dec = delegates.get(p, j).expect("listed because it decoded");
-                    add_xnnpack(&mut b, &model, dir, p, j, dec);
+                for (dir, p, j) in add_pte(&mut b, model, names, payloads, ROOT) {
+                    let dec = payloads.get(p, j).expect("listed because it decoded");
+                    add_payload(&mut b, model, dir, p, j, dec);
                 }
             }
-            Kind::Ptd(_) => add_ptd(&mut b, &model, &names, ROOT, 0),
+            Kind::Ptd(_) => add_ptd(&mut b, model, names, ROOT, 0),
         }
         debug_assert_eq!(
             b.nodes.len() as u64,
             count,
             "node_count and the builder differ"
         );
-        b.finish(model, names, delegates)
+        b.finish(catalog)
     }
 }
 

@@ -8,25 +8,20 @@
 
 pub mod build;
 pub mod cache;
-pub mod names;
 pub mod render;
 pub mod sharing;
-pub mod weights;
-pub mod xnnpack;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use crate::backend::xnnpack::placed::Placed;
+use crate::backend::FloatView;
+use crate::catalog::{Catalog, WeightsFile};
 use crate::format::layout::{FileIndex, Location, TensorShape};
 use crate::format::{Model, WriteTarget};
 
 pub use build::{node_count, DEFAULT_MAX_NODES};
 pub use cache::{TextCache, TEXT_CACHE_BUDGET};
-pub use names::Names;
 pub use sharing::{Relation, Shared, SharingIndex};
-pub use weights::{LazyWeights, WeightsFile};
-pub use xnnpack::Delegates;
 
 pub type Ino = u64;
 pub const ROOT: Ino = 1;
@@ -43,12 +38,12 @@ pub enum TextKind {
     ValueJson(usize, usize),
     DelegateJson(usize, usize),
     NamedDataJson(FileIndex, usize),
-    /// `xnnpack/header.json` of delegate (plan, delegate).
-    XnnHeader(usize, usize),
-    XnnGraphJson(usize, usize),
-    XnnGraphTxt(usize, usize),
-    /// `xnnpack/values/<id>.json` of the value at this index of `xvalues`.
-    XnnValueJson(usize, usize, usize),
+    /// `<backend>/header.json` of the decoded payload of delegate (plan, delegate).
+    PayloadHeader(usize, usize),
+    PayloadGraphJson(usize, usize),
+    PayloadGraphTxt(usize, usize),
+    /// `<backend>/values/<id>.json` of the value at this position of the payload's values.
+    PayloadValueJson(usize, usize, usize),
 }
 
 #[derive(Debug)]
@@ -62,36 +57,21 @@ pub enum Content {
         location: Location,
     },
     /// A `.npy` of float32 values dequantized, per read, from a constant's bytes and scales.
-    Dequantized {
+    FloatView {
         header: Vec<u8>,
-        view: Arc<Placed>,
+        view: Arc<FloatView>,
     },
-    /// `weights.safetensors`: a generated header, then ranges of a model file.
-    Weights(LazyWeights),
+    /// `weights.safetensors` of a model file: a generated header, then ranges of the file
+    /// (the catalog lists them when first asked).
+    Weights {
+        file: FileIndex,
+    },
     /// Generated text; its bytes live in the tree's `TextCache`.
     Text {
         kind: TextKind,
         /// The rendered length, or `UNKNOWN_LEN` until it was first rendered or counted.
         len: AtomicU64,
     },
-}
-
-impl Content {
-    /// The byte ranges of the model files this content is read from (what a commit that
-    /// changes them makes stale).
-    pub fn reads(&self) -> Vec<Location> {
-        match self {
-            Content::Range(l) | Content::Npy { location: l, .. } => vec![*l],
-            Content::Dequantized { view, .. } => {
-                std::iter::once(view.data).chain(view.scales).collect()
-            }
-            Content::Weights(w) => w
-                .built()
-                .map(|w| w.entries.iter().map(|e| e.location).collect())
-                .unwrap_or_default(),
-            Content::Dir(_) | Content::Text { .. } => Vec::new(),
-        }
-    }
 }
 
 /// `Content::Text::len` of a text not rendered yet.
@@ -112,17 +92,16 @@ impl Node {
 }
 
 pub struct Tree {
+    /// What the model holds, by name: names, decoded payloads, weights listings.
+    pub catalog: Arc<Catalog>,
+    /// The catalog's model.
     pub model: Arc<Model>,
     pub nodes: Vec<Node>,
-    /// Directory and file names of the model's parts.
-    pub names: Names,
     /// Paths that show each shared byte range, for `aliases` and `user.ptefs.shared`; built
     /// on first use.
     sharing: OnceLock<SharingIndex>,
     /// Rendered text, within a budget.
     texts: TextCache,
-    /// The decoded delegate payloads.
-    pub delegates: Delegates,
 }
 
 impl Tree {
@@ -168,6 +147,27 @@ impl Tree {
         parts.join("/")
     }
 
+    /// The byte ranges of the model files that node `ino`'s content is read from (what a
+    /// commit that changes them makes stale). A `weights.safetensors` nobody listed yet has
+    /// shown nothing that could be stale.
+    pub fn reads(&self, ino: Ino) -> Vec<Location> {
+        match self.node(ino).map(|n| &n.content) {
+            Some(Content::Range(l) | Content::Npy { location: l, .. }) => vec![*l],
+            Some(Content::FloatView { view, .. }) => view.sources().collect(),
+            Some(Content::Weights { file }) => self
+                .catalog
+                .weights_if_listed(*file)
+                .map(|w| w.entries.iter().map(|e| e.location).collect())
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The `weights.safetensors` of model file `file`, listed on the first call.
+    pub fn weights(&self, file: FileIndex) -> &WeightsFile {
+        self.catalog.weights(file)
+    }
+
     /// The model file whose tree `ino` is in: an attached file's nodes are under
     /// `data/<name>/`, every other node is the first file's.
     pub fn file_of(&self, ino: Ino) -> FileIndex {
@@ -182,6 +182,7 @@ impl Tree {
             let Some(node) = self.node(cur) else { break };
             if node.parent == data {
                 return self
+                    .catalog
                     .names
                     .data
                     .iter()
@@ -196,9 +197,7 @@ impl Tree {
     /// The model files whose bytes reading `ino` shows (its own file's first).
     pub fn files_read(&self, ino: Ino) -> Vec<FileIndex> {
         let mut files = vec![self.file_of(ino)];
-        if let Some(node) = self.node(ino) {
-            files.extend(node.content.reads().iter().map(|l| l.file));
-        }
+        files.extend(self.reads(ino).iter().map(|l| l.file));
         dedup(files)
     }
 
@@ -207,7 +206,7 @@ impl Tree {
         let Some(node) = self.node(ino) else {
             return Vec::new();
         };
-        let mut files: Vec<FileIndex> = node.content.reads().iter().map(|l| l.file).collect();
+        let mut files: Vec<FileIndex> = self.reads(ino).iter().map(|l| l.file).collect();
         if let Some(target) = &node.write {
             files.extend(target.files());
         }
@@ -370,9 +369,9 @@ impl Tree {
         };
         let location = match &node.content {
             Content::Range(l) | Content::Npy { location: l, .. } => *l,
-            Content::Dequantized { view, .. } => {
+            Content::FloatView { view, .. } => {
                 // The float32 view of a constant: where the constant's bytes are.
-                let dims: Vec<String> = view.layout.dims.iter().map(u32::to_string).collect();
+                let dims: Vec<String> = view.layout.dims().iter().map(u32::to_string).collect();
                 let order: Vec<String> = (0..dims.len()).map(|d| d.to_string()).collect();
                 return vec![
                     ("user.ptefs.dtype".to_string(), "fp32".to_string()),
@@ -472,10 +471,10 @@ impl Tree {
         match self.node(ino).map(|n| &n.content) {
             Some(Content::Range(loc)) => loc.range.len(),
             Some(Content::Npy { header, location }) => header.len() as u64 + location.range.len(),
-            Some(Content::Dequantized { header, view }) => {
+            Some(Content::FloatView { header, view }) => {
                 header.len() as u64 + view.layout.numel() * 4
             }
-            Some(Content::Weights(w)) => self.weights(w).len,
+            Some(Content::Weights { file }) => self.weights(*file).len,
             Some(Content::Text { kind, len }) => {
                 let known = len.load(Ordering::Relaxed);
                 if known != UNKNOWN_LEN {

@@ -17,9 +17,10 @@ use std::fmt::{self, Write};
 use serde_json::{json, Map, Value};
 
 use super::sharing::Shared;
-use super::{xnnpack, Ino, TextKind, Tree};
+use super::{Ino, TextKind, Tree};
+use crate::catalog::payloads::{file_name, used_by_json};
 use crate::format::generated::{ptd_fb, pte_fb};
-use crate::format::layout::{FileIndex, Location, TensorData};
+use crate::format::layout::{Location, TensorData};
 use crate::format::range::ByteRange;
 use crate::format::{scalar_type, Kind, Model};
 
@@ -39,20 +40,20 @@ pub fn render(tree: &Tree, ino: Ino, kind: TextKind, out: &mut dyn Write) -> fmt
         TextKind::NamedDataJson(f, k) => to_text(&named_data_json(tree, ino, f, k), out),
         TextKind::Operators(p) => operators_txt(model, p, out),
         TextKind::Instructions(p) => instructions_txt(model, p, out),
-        TextKind::XnnHeader(p, j) => match tree.delegates.get(p, j) {
-            Some(dec) => to_text(&xnnpack::header_json(dec), out),
+        TextKind::PayloadHeader(p, j) => match tree.catalog.payloads.get(p, j) {
+            Some(dec) => to_text(&dec.payload.header_json(), out),
             None => to_text(&Value::Null, out),
         },
-        TextKind::XnnGraphJson(p, j) => match tree.delegates.get(p, j) {
-            Some(dec) => to_text(&xnnpack::graph_json(model, dec), out),
+        TextKind::PayloadGraphJson(p, j) => match tree.catalog.payloads.get(p, j) {
+            Some(dec) => to_text(&dec.graph_json(model), out),
             None => to_text(&Value::Null, out),
         },
-        TextKind::XnnGraphTxt(p, j) => match tree.delegates.get(p, j) {
-            Some(dec) => out.write_str(&xnnpack::graph_txt(dec)),
+        TextKind::PayloadGraphTxt(p, j) => match tree.catalog.payloads.get(p, j) {
+            Some(dec) => out.write_str(&dec.payload.graph_txt()),
             None => Ok(()),
         },
-        TextKind::XnnValueJson(p, j, k) => match tree.delegates.get(p, j) {
-            Some(dec) => to_text(&xnnpack::value_json(model, dec, k), out),
+        TextKind::PayloadValueJson(p, j, k) => match tree.catalog.payloads.get(p, j) {
+            Some(dec) => to_text(&dec.value_json(model, k), out),
             None => to_text(&Value::Null, out),
         },
     }
@@ -800,15 +801,6 @@ fn plan_json(model: &Model, p: usize) -> Value {
     })
 }
 
-/// What `file` holds in generated JSON: the model file's name in its directory (what the
-/// command line named, without the directory). Never the directory: two mounts of equal
-/// copies in different directories render equal bytes, so `diff -r` of them is empty. The
-/// absolute path is in the `user.ptefs.file` xattr; with `file_offset`, the name is what
-/// `xxd -s` reads from the model's directory.
-pub fn file_name(model: &Model, file: FileIndex) -> String {
-    model.files[file].name.to_string_lossy().into_owned()
-}
-
 fn location_fields(model: &Model, m: &mut Map<String, Value>, loc: Option<Location>) {
     match loc {
         Some(l) => {
@@ -1010,13 +1002,13 @@ fn named_data_json(tree: &Tree, ino: Ino, file: usize, k: usize) -> Value {
                 .named_blob(key)
                 .is_some_and(|(f, i, _)| (f, i) == (file, k)) =>
         {
-            tree.delegates.uses_of(key)
+            tree.catalog.payloads.uses_of(key)
         }
         _ => &[],
     };
     m.insert(
         "used_by".into(),
-        xnnpack::used_by_json(uses, &tree.names.plans),
+        used_by_json(uses, &tree.catalog.names.plans),
     );
     Value::Object(m)
 }

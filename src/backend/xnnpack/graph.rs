@@ -12,6 +12,7 @@ use std::fmt;
 use super::datatype::Datatype;
 use super::header::{parse_header, XnnHeader};
 use super::nodes::{member_fields, FieldValue, Member, NodeField, NO_VALUE};
+use crate::backend::blob::{BlobRef, KeyRole};
 use crate::error::Error;
 use crate::format::generated::xnn_fb;
 use crate::format::pte::{describe_verifier_error, verifier_options_for};
@@ -35,25 +36,6 @@ impl Identifier {
         match self {
             Identifier::Xn00 => "XN00",
             Identifier::Xn01 => "XN01",
-        }
-    }
-}
-
-/// Where a constant's (or a scale blob's) bytes are. Nothing is copied: the caller reads them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ConstantRef {
-    /// A named-data entry of the `.pte` or of an attached `.ptd`, found by key; `size` is
-    /// what the graph records.
-    Named { key: String, size: u64 },
-    /// Bytes inside the payload, `offset` from the payload's first byte: in the `XH00`
-    /// constant region, in an inline constant buffer, or an inline vector of the flatbuffer.
-    Payload { offset: u64, size: u64 },
-}
-
-impl ConstantRef {
-    pub fn size(&self) -> u64 {
-        match self {
-            ConstantRef::Named { size, .. } | ConstantRef::Payload { size, .. } => *size,
         }
     }
 }
@@ -87,7 +69,7 @@ impl ScaleDtype {
 /// Where a quantized value's scales live and how they are stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScaleRef {
-    pub bytes: ConstantRef,
+    pub bytes: BlobRef,
     pub dtype: ScaleDtype,
     /// Scales the graph declares (`num_scales`, or the inline vector's length).
     pub count: u64,
@@ -110,7 +92,7 @@ pub enum QuantParams {
         scale: f32,
         zero_point: i32,
         /// The 4 bytes of the `scale` field inside the payload, when the table stores it.
-        scale_field: Option<ConstantRef>,
+        scale_field: Option<BlobRef>,
     },
     PerTokenDynamic {
         num_nonbatch_dims: i32,
@@ -196,7 +178,7 @@ pub struct XnnValue {
     /// Present on quantized values.
     pub quant: Option<QuantParams>,
     /// The constant's bytes; None for activations, inputs and outputs.
-    pub constant: Option<ConstantRef>,
+    pub constant: Option<BlobRef>,
     /// Every node field that names this value, in node order.
     pub used_by: Vec<Use>,
 }
@@ -300,6 +282,11 @@ impl XnnGraph {
         self.by_id.get(&id).map(|&i| &self.values[i])
     }
 
+    /// The position in `values` of the value whose `id_out` is `id`.
+    pub fn index_of(&self, id: u32) -> Option<usize> {
+        self.by_id.get(&id).copied()
+    }
+
     /// Values that hold constant bytes, in `xvalues` order.
     pub fn constants(&self) -> impl Iterator<Item = &XnnValue> {
         self.values.iter().filter(|v| v.constant.is_some())
@@ -311,7 +298,7 @@ impl XnnGraph {
     pub fn named_uses(&self) -> Vec<NamedUse<'_>> {
         let mut uses = Vec::new();
         for v in &self.values {
-            if let Some(ConstantRef::Named { key, .. }) = &v.constant {
+            if let Some(BlobRef::Named { key, .. }) = &v.constant {
                 uses.push(NamedUse {
                     key,
                     value: v.id,
@@ -324,7 +311,7 @@ impl XnnGraph {
                 _ => None,
             };
             if let Some(ScaleRef {
-                bytes: ConstantRef::Named { key, .. },
+                bytes: BlobRef::Named { key, .. },
                 ..
             }) = scales
             {
@@ -336,22 +323,6 @@ impl XnnGraph {
             }
         }
         uses
-    }
-}
-
-/// How a value reads a named-data key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyRole {
-    Constant,
-    Scale,
-}
-
-impl KeyRole {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            KeyRole::Constant => "constant",
-            KeyRole::Scale => "scale",
-        }
     }
 }
 
@@ -379,7 +350,7 @@ struct Constants<'a> {
 impl Constants<'_> {
     fn resolve(
         &self, idx: u32, field: &str, place: &dyn fmt::Display,
-    ) -> Result<ConstantRef, FormatError> {
+    ) -> Result<BlobRef, FormatError> {
         let i = idx as usize;
         match self.header {
             Some(h) => {
@@ -393,7 +364,7 @@ impl Constants<'_> {
                     )
                 })?;
                 if let Some(key) = &entry.named_key {
-                    return Ok(ConstantRef::Named {
+                    return Ok(BlobRef::Named {
                         key: key.clone(),
                         size: entry.size,
                     });
@@ -410,7 +381,7 @@ impl Constants<'_> {
                     entry.size,
                     region.end(),
                 )?;
-                Ok(ConstantRef::Payload {
+                Ok(BlobRef::Payload {
                     offset: r.start(),
                     size: r.len(),
                 })
@@ -443,7 +414,7 @@ impl Constants<'_> {
                         "none",
                     )
                 })?;
-                Ok(ConstantRef::Payload {
+                Ok(BlobRef::Payload {
                     offset: r.start(),
                     size: r.len(),
                 })
@@ -468,7 +439,7 @@ fn inline_scales(
         Some(v) => {
             let bytes = v.bytes();
             let r = ScaleRef {
-                bytes: ConstantRef::Payload {
+                bytes: BlobRef::Payload {
                     offset: offset_in(payload, bytes),
                     size: bytes.len() as u64,
                 },
@@ -543,7 +514,7 @@ fn decode_quant(
         Q::PerTensorQuant => {
             let p = q.quant_params_as_per_tensor_quant().ok_or_else(missing)?;
             let slot = p._tab.vtable().get(xnn_fb::PerTensorQuant::VT_SCALE);
-            let scale_field = (slot != 0).then(|| ConstantRef::Payload {
+            let scale_field = (slot != 0).then(|| BlobRef::Payload {
                 offset: offset_in(payload, p._tab.buf())
                     + (p._tab.loc() + usize::from(slot)) as u64,
                 size: 4,

@@ -8,7 +8,7 @@
 //!   into gigabytes), its identifier is `XN00` or `XN01`, every value id a node, `input_ids`
 //!   or `output_ids` names exists, `id_out`s are unique, and every `constant_buffer_idx` and
 //!   `scale_buffer_idx` resolves to named data or to bytes inside the payload.
-//! - Constant bytes are never copied: a [`ConstantRef`] says where they are (a named-data key,
+//! - Constant bytes are never copied: a [`BlobRef`] says where they are (a named-data key,
 //!   or an offset from the payload's first byte). The caller resolves keys.
 //! - Every offset and size from the payload goes through checked arithmetic; nothing here
 //!   panics on any input.
@@ -22,17 +22,21 @@ pub mod float16;
 pub mod graph;
 pub mod header;
 pub mod nodes;
+pub mod payload;
 pub mod placed;
 pub mod quant;
 pub mod render;
+pub mod write;
 
+pub use crate::backend::blob::{BlobRef, KeyRole};
 pub use datatype::Datatype;
 pub use graph::{
-    decode, ConstantDataEntry, ConstantRef, External, Identifier, KeyRole, NamedUse, OutputMinMax,
-    QuantParams, ScaleDtype, ScaleRef, Use, XnnGraph, XnnNode, XnnValue,
+    decode, ConstantDataEntry, External, Identifier, NamedUse, OutputMinMax, QuantParams,
+    ScaleDtype, ScaleRef, Use, XnnGraph, XnnNode, XnnValue,
 };
 pub use header::XnnHeader;
 pub use nodes::{FieldValue, NodeField, NO_VALUE};
+pub use payload::Xnnpack;
 pub use quant::{QuantError, QuantLayout};
 
 /// The `BackendDelegate.id` of XNNPACK delegates.

@@ -5,36 +5,16 @@
 //! Invariant: every `Location` returned lies inside its file (it came from the model's
 //! layout or from a checked sub-range of the payload's location).
 
-use super::graph::{ConstantRef, QuantParams, XnnGraph, XnnValue};
+use std::sync::Arc;
+
+use super::graph::{QuantParams, XnnGraph, XnnValue};
 use super::nodes::FieldValue;
 use super::quant::QuantLayout;
 use super::Datatype;
+use crate::backend::blob::BlobRef;
+use crate::backend::view::FloatView;
 use crate::error::{Error, Result};
 use crate::format::layout::Location;
-use crate::format::range::checked_range;
-use crate::format::Model;
-
-/// Where the bytes a reference names are: a named-data entry of the model (the mounted file
-/// first, then the attached files, as the runtime looks), or a range of the payload.
-pub fn locate(model: &Model, payload: Location, r: &ConstantRef) -> Option<Location> {
-    match r {
-        ConstantRef::Named { key, .. } => model.named_blob(key)?.2.ok(),
-        ConstantRef::Payload { offset, size } => {
-            let range = checked_range(
-                "payload constant",
-                payload.range.start(),
-                *offset,
-                *size,
-                payload.range.end(),
-            )
-            .ok()?;
-            Some(Location {
-                file: payload.file,
-                range,
-            })
-        }
-    }
-}
 
 /// A constant's bytes and scales, located, with the layout that (de)quantizes them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,21 +26,20 @@ pub struct Placed {
 }
 
 impl Placed {
-    /// The float32 view of constant `value` of a payload at `payload`: quantized, fp16 and
-    /// bf16 constants whose bytes and scales are at hand, and (with `sized`) of the sizes
-    /// the layout needs.
+    /// The float32 view of constant `value`: quantized, fp16 and bf16 constants whose bytes
+    /// and scales `locate` finds, and (with `sized`) of the sizes the layout needs.
     pub fn f32_view(
-        model: &Model, payload: Location, value: &XnnValue, sized: bool,
+        value: &XnnValue, sized: bool, locate: &dyn Fn(&BlobRef) -> Option<Location>,
     ) -> Option<Placed> {
         let layout = QuantLayout::for_f32_view(value)?;
-        let data = locate(model, payload, value.constant.as_ref()?)?;
+        let data = locate(value.constant.as_ref()?)?;
         if sized && data.range.len() < layout.data_nbytes() {
             return None;
         }
         let scales = match value.quant.as_ref().and_then(|q| q.scale_ref()) {
             None => None,
             Some(s) => {
-                let l = locate(model, payload, &s.bytes)?;
+                let l = locate(&s.bytes)?;
                 if sized && l.range.len() < layout.scale_nbytes() {
                     return None;
                 }
@@ -75,6 +54,16 @@ impl Placed {
             data,
             scales,
         })
+    }
+}
+
+impl From<Placed> for FloatView {
+    fn from(p: Placed) -> FloatView {
+        FloatView {
+            layout: Arc::new(p.layout),
+            data: p.data,
+            scales: p.scales,
+        }
     }
 }
 

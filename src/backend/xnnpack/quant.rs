@@ -1117,10 +1117,35 @@ fn encode_nibbles(run: &[f32], inverse: f32, col: usize, row: &mut [u8]) {
     }
 }
 
+impl crate::backend::view::Dequantize for QuantLayout {
+    fn dims(&self) -> &[u32] {
+        &self.dims
+    }
+
+    fn numel(&self) -> u64 {
+        self.numel
+    }
+
+    fn data_nbytes(&self) -> u64 {
+        self.data_nbytes
+    }
+
+    fn scale_nbytes(&self) -> u64 {
+        QuantLayout::scale_nbytes(self)
+    }
+
+    fn dequantize(
+        &self, data: &[u8], scales: &[u8], first: u64, out: &mut [f32],
+    ) -> Result<(), String> {
+        QuantLayout::dequantize(self, data, scales, first, out).map_err(|e| e.message)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::xnnpack::graph::{ConstantRef, ScaleRef};
+    use crate::backend::blob::BlobRef;
+    use crate::backend::xnnpack::graph::ScaleRef;
 
     fn layout(datatype: Datatype, dims: &[u32], quant: Option<QuantParams>) -> QuantLayout {
         let value = XnnValue {
@@ -1143,7 +1168,7 @@ mod tests {
 
     fn scales(dtype: ScaleDtype, count: u64) -> Option<ScaleRef> {
         Some(ScaleRef {
-            bytes: ConstantRef::Payload {
+            bytes: BlobRef::Payload {
                 offset: 0,
                 size: count * dtype.size(),
             },

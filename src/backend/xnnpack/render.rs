@@ -10,24 +10,12 @@
 use serde_json::{json, Map, Value};
 
 use super::datatype::Datatype;
-use super::graph::{ConstantRef, Identifier, QuantParams, ScaleRef, XnnGraph, XnnNode, XnnValue};
+use super::graph::{Identifier, QuantParams, ScaleRef, XnnGraph, XnnNode, XnnValue};
 use super::nodes::{FieldValue, NO_VALUE};
+use crate::backend::blob::{BlobRef, Resolver};
 
 /// Byte vectors longer than this are shown as `{"bytes": N}`.
 const INLINE_BYTES_SHOWN: u64 = 64;
-
-/// Where the caller found a constant's bytes: the file path, the absolute offset of the
-/// first byte in it, and the byte count there (a named-data entry's own size).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResolvedBytes {
-    pub file: String,
-    pub file_offset: u64,
-    pub nbytes: u64,
-}
-
-/// Maps a constant or scale reference to the file that holds it; None when the caller
-/// cannot (a key in no attached file).
-pub type Resolver<'a> = &'a dyn Fn(&ConstantRef) -> Option<ResolvedBytes>;
 
 /// A float as its shortest decimal form (0.1, not 0.10000000149011612); non-finite ones as
 /// strings ("inf", "NaN"), which JSON cannot hold as numbers.
@@ -340,11 +328,11 @@ pub fn graph_txt(graph: &XnnGraph) -> String {
 }
 
 /// `{"named_key"|"payload_offset", "file", "file_offset", "nbytes"}` of a reference.
-fn bytes_json(r: &ConstantRef, resolve: Resolver) -> Map<String, Value> {
+fn bytes_json(r: &BlobRef, resolve: Resolver) -> Map<String, Value> {
     let mut m = Map::new();
     match r {
-        ConstantRef::Named { key, .. } => m.insert("named_key".into(), json!(key)),
-        ConstantRef::Payload { offset, .. } => m.insert("payload_offset".into(), json!(offset)),
+        BlobRef::Named { key, .. } => m.insert("named_key".into(), json!(key)),
+        BlobRef::Payload { offset, .. } => m.insert("payload_offset".into(), json!(offset)),
     };
     let found = resolve(r);
     m.insert("file".into(), json!(found.as_ref().map(|f| &f.file)));

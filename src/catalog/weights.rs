@@ -1,67 +1,27 @@
 //! `weights.safetensors` (DESIGN.md §2.8): every distinct tensor whose bytes are in a model
 //! file, as one safetensors file that the Hugging Face / PyTorch tools read directly.
 //!
-//! Invariants: the header is generated once per tree, when the file is first looked up, and is deterministic (tensors sorted by
-//! file offset, then name; `__metadata__` maps each name to its tree path); the data part is
-//! the tensors' byte ranges of the model file, back to back, read from the mapping, never
-//! copied into the tree. A tensor shown by several tree files appears once; distinct
+//! Invariants: the listing is made once per opened model, when first asked for (by a
+//! lookup of the file, or by an update), and is deterministic (tensors sorted by file
+//! offset, then name; `__metadata__` maps each name to its tree path); the data part is the
+//! tensors' byte ranges of the model file, back to back, read from the model's bytes, never
+//! copied. A tensor shown by several tree files appears once; distinct
 //! tensors that share bytes (DESIGN.md §2.3) appear each under its own name.
 
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
 
-use super::names::dedupe;
-use super::xnnpack::Delegates;
-use super::{Names, Tree};
-use crate::backend::xnnpack::{Datatype, KeyRole};
+use super::names::{dedupe, Names};
+use super::payloads::Payloads;
 use crate::format::layout::{DataKind, FileIndex, Location, TensorShape};
 use crate::format::safetensors::{self, dtype_of, Entry};
 use crate::format::sharing::{self, relation, Identity, Relation, TensorId};
-use crate::format::target::WeightsEntries;
 use crate::format::{Kind, Model};
-
-/// The `weights.safetensors` of one model file, listed on first use (`Tree::weights`):
-/// listing every tensor of a large model costs more than building the rest of its tree.
-#[derive(Debug)]
-pub struct LazyWeights {
-    file: FileIndex,
-    built: OnceLock<WeightsFile>,
-    /// The entries, shared with the file's `WriteTarget::Weights`; set when `built` is.
-    pub entries: Arc<WeightsEntries>,
-}
-
-impl LazyWeights {
-    pub fn new(file: FileIndex) -> LazyWeights {
-        LazyWeights {
-            file,
-            built: OnceLock::new(),
-            entries: Arc::default(),
-        }
-    }
-
-    /// The file, if something has looked it up. A file nobody looked up has never shown
-    /// its size or bytes, so nothing cached from it can be stale.
-    pub fn built(&self) -> Option<&WeightsFile> {
-        self.built.get()
-    }
-}
-
-impl Tree {
-    /// The `weights.safetensors` that `lazy` stands for, listed on the first call.
-    pub fn weights<'a>(&'a self, lazy: &'a LazyWeights) -> &'a WeightsFile {
-        lazy.built.get_or_init(|| {
-            let w = WeightsFile::of(&self.model, &self.names, &self.delegates, lazy.file);
-            lazy.entries.get_or_init(|| w.entries.clone());
-            w
-        })
-    }
-}
 
 /// The `weights.safetensors` of one model file.
 #[derive(Debug)]
 pub struct WeightsFile {
     pub header: Vec<u8>,
-    pub entries: Arc<[Entry]>,
+    pub entries: Vec<Entry>,
     /// Where each entry's bytes start in the virtual file (after the header).
     starts: Vec<u64>,
     pub len: u64,
@@ -80,31 +40,16 @@ fn tensor_dtype(shape: &TensorShape, nbytes: u64) -> (&'static str, Vec<u64>) {
     }
 }
 
-/// dtype and shape of a blob an XNNPACK graph reads: the graph's datatype and dims (4-bit
-/// types as packed `U8`), scales by their dtype; else raw bytes.
-fn blob_dtype(delegates: &Delegates, key: &str, nbytes: u64) -> (&'static str, Vec<u64>) {
+/// dtype and shape of a blob a decoded payload reads: what its backend says (4-bit types
+/// as packed `U8`), when that fits its size; else raw bytes.
+fn blob_dtype(payloads: &Payloads, key: &str, nbytes: u64) -> (&'static str, Vec<u64>) {
     let raw = ("U8", vec![nbytes]);
-    let Some(u) = delegates.uses_of(key).first() else {
+    let Some((dtype, shape)) = payloads
+        .uses_of(key)
+        .first()
+        .and_then(|u| u.blob.safetensors.clone())
+    else {
         return raw;
-    };
-    let (dtype, shape) = match u.role {
-        KeyRole::Constant => {
-            let dt = u.datatype;
-            let dtype = match dt.numpy_descr() {
-                Some("<f4") => "F32",
-                Some("<f2") => "F16",
-                Some("|V2") => "BF16",
-                Some("<i4") => "I32",
-                Some("|i1") => "I8",
-                Some("|u1") => "U8",
-                _ => return raw,
-            };
-            (dtype, dt.npy_shape(&u.dims))
-        }
-        KeyRole::Scale => match u.datatype {
-            Datatype::QBINT4 => ("BF16", vec![nbytes / 2]),
-            _ => ("F32", vec![nbytes / 4]),
-        },
     };
     let size = safetensors::dtype_size(dtype).unwrap_or(1);
     let fits = shape
@@ -132,7 +77,7 @@ struct Candidate {
 }
 
 fn candidates(
-    model: &Model, names: &Names, delegates: &Delegates, file: FileIndex,
+    model: &Model, names: &Names, payloads: &Payloads, file: FileIndex,
 ) -> Vec<Candidate> {
     let mut out = Vec::new();
     let prefix = names.file_prefix(file);
@@ -183,7 +128,7 @@ fn candidates(
                 let Ok(loc) = &layout.named_data[k] else {
                     continue;
                 };
-                let dtype = blob_dtype(delegates, &key, loc.range.len());
+                let dtype = blob_dtype(payloads, &key, loc.range.len());
                 let path = format!("named_data/{}", names.named_data[file][k]);
                 push(Some(key), path, dtype, TensorId::key(file, k));
             }
@@ -193,7 +138,7 @@ fn candidates(
                 let Ok(loc) = blob.location else { continue };
                 let dtype = match &blob.tensor {
                     Some(shape) => tensor_dtype(shape, loc.range.len()),
-                    None => blob_dtype(delegates, &blob.key, loc.range.len()),
+                    None => blob_dtype(payloads, &blob.key, loc.range.len()),
                 };
                 let path = format!("{prefix}named_data/{}", names.named_data[file][k]);
                 push(Some(blob.key.clone()), path, dtype, TensorId::key(file, k));
@@ -205,14 +150,14 @@ fn candidates(
 
 impl WeightsFile {
     /// The `weights.safetensors` of file `file` of `model`.
-    pub fn of(model: &Model, names: &Names, delegates: &Delegates, file: FileIndex) -> WeightsFile {
+    pub fn of(model: &Model, names: &Names, payloads: &Payloads, file: FileIndex) -> WeightsFile {
         // One entry per tensor: a byte range shown by several paths of one tensor (one
         // parameter used by several plans) appears once, under the first path in tree
         // order, preferring a name of its own (a fully qualified name or a key) over a tree
         // path; distinct tensors that share bytes each have an entry.
         let mut by_range: HashMap<Location, Vec<usize>> = HashMap::new();
         let mut kept: Vec<Candidate> = Vec::new();
-        for c in candidates(model, names, delegates, file) {
+        for c in candidates(model, names, payloads, file) {
             let on_range = by_range.entry(c.location).or_default();
             let same = on_range
                 .iter()
@@ -273,7 +218,7 @@ impl WeightsFile {
         }
         WeightsFile {
             header,
-            entries: entries.into(),
+            entries,
             starts,
             len: at,
         }

@@ -1,0 +1,213 @@
+//! Float32 views of payload constants (`values/<id>.f32.npy`): dequantized per read, for any
+//! window of elements, and the streaming of a float32 array written to one.
+//!
+//! Invariants: a view reads only the byte ranges it names, which lie inside their files; a
+//! read whose bytes no longer fit the view's layout fails (EIO) instead of reading short;
+//! a written array is read in windows of bounded size, never whole.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::content::Source;
+use crate::error::{Error, Result};
+use crate::format::layout::Location;
+use crate::format::{npy, Model};
+
+/// How a backend's constant dequantizes to float32: its shape, how many bytes of data and
+/// scales it reads, and the conversion itself.
+pub trait Dequantize: Send + Sync + fmt::Debug {
+    /// The view's shape, in elements.
+    fn dims(&self) -> &[u32];
+    /// Elements of the view (the product of `dims`).
+    fn numel(&self) -> u64;
+    /// Bytes of stored data the view reads.
+    fn data_nbytes(&self) -> u64;
+    /// Bytes of scales the view reads (0 when it needs none).
+    fn scale_nbytes(&self) -> u64;
+    /// Dequantizes elements `first .. first + out.len()` (row-major) into `out`; `data` and
+    /// `scales` hold at least `data_nbytes` and `scale_nbytes` bytes.
+    fn dequantize(
+        &self, data: &[u8], scales: &[u8], first: u64, out: &mut [f32],
+    ) -> std::result::Result<(), String>;
+}
+
+/// A constant's float32 view, placed in the model: the layout, and where its bytes and
+/// scales are.
+#[derive(Debug, Clone)]
+pub struct FloatView {
+    pub layout: Arc<dyn Dequantize>,
+    pub data: Location,
+    /// None when the layout reads no scales.
+    pub scales: Option<Location>,
+}
+
+impl FloatView {
+    /// The `.npy` header of the view: float32, shaped like the constant.
+    pub fn npy_header(&self) -> Vec<u8> {
+        f32_npy_header(self.layout.dims())
+    }
+
+    /// The byte ranges of the model files the view is computed from.
+    pub fn sources(&self) -> impl Iterator<Item = Location> + '_ {
+        std::iter::once(self.data).chain(self.scales)
+    }
+}
+
+/// The header of a `.npy` of float32 values shaped like `dims`.
+pub fn f32_npy_header(dims: &[u32]) -> Vec<u8> {
+    npy::header_from_dims("<f4", dims.iter().map(|&d| u64::from(d)))
+}
+
+/// Bytes `[offset, offset + size)` of a float32 view: its `.npy` header, then the
+/// dequantized values, computed only for the elements the window covers.
+pub fn read_f32(
+    model: &Model, view: &FloatView, header: &[u8], offset: u64, size: u32,
+) -> Result<Vec<u8>> {
+    let layout = &*view.layout;
+    let total = header.len() as u64 + layout.numel() * 4;
+    let start = offset.min(total);
+    let end = offset.saturating_add(u64::from(size)).min(total);
+    // A window that starts inside a float is dequantized from that float's first byte.
+    let mut out = Vec::with_capacity((end - start) as usize + 8);
+    let h = header.len() as u64;
+    if start < h {
+        out.extend_from_slice(&header[start as usize..end.min(h) as usize]);
+    }
+    if end > h {
+        let (a, b) = (start.max(h) - h, end - h);
+        let (first, last) = (a / 4, b.div_ceil(4));
+        let bytes = |l: &Location| &model.files[l.file].bytes()[l.range.as_usize()];
+        if view.data.range.len() < layout.data_nbytes()
+            || view.scales.map_or(0, |l| l.range.len()) < layout.scale_nbytes()
+        {
+            return Err(Error::new(
+                libc::EIO,
+                format!(
+                    "the bytes of this {}-element view no longer fit its datatype and dims (ptefs check says more)",
+                    layout.numel()
+                ),
+            ));
+        }
+        let data = bytes(&view.data);
+        let scales = view.scales.as_ref().map_or(&[][..], bytes);
+        let mut values = vec![0f32; (last - first) as usize];
+        layout
+            .dequantize(data, scales, first, &mut values)
+            .map_err(|e| Error::new(libc::EIO, e))?;
+        // Whole floats straight into the reply; a window that starts or ends inside a float
+        // drops the bytes outside it.
+        let at = out.len();
+        out.resize(at + 4 * values.len(), 0);
+        for (o, v) in out[at..].chunks_exact_mut(4).zip(&values) {
+            o.copy_from_slice(&v.to_le_bytes());
+        }
+        let skip = (a - first * 4) as usize;
+        out.truncate(at + skip + (b - a) as usize);
+        if skip > 0 {
+            out.drain(at..at + skip);
+        }
+    }
+    Ok(out)
+}
+
+/// Float32 values a float write converts at a time: the whole array is never held, so
+/// writing the view of a filter of any size costs a few hundred KiB beyond the stored bytes.
+pub const WINDOW: usize = 1 << 16;
+
+/// Calls `f(first, values)` for consecutive windows of `size` little-endian float32 values
+/// of `body` (a whole number of them; the last window may be shorter), `first` being the
+/// index of the window's first value.
+pub fn for_each_window(
+    body: Source, size: usize, mut f: impl FnMut(u64, &[f32]) -> Result<()>,
+) -> Result<()> {
+    let mut buf = Vec::new();
+    let mut window: Vec<f32> = Vec::with_capacity(size);
+    // The bytes of a value split between two chunks.
+    let mut carry: Vec<u8> = Vec::with_capacity(4);
+    let mut first = 0u64;
+    let mut failed = None;
+    let mut flush = |window: &mut Vec<f32>, first: &mut u64| -> Result<()> {
+        f(*first, window)?;
+        *first += window.len() as u64;
+        window.clear();
+        Ok(())
+    };
+    let read = body.for_each_chunk(&mut buf, |mut chunk| {
+        let mut step = || -> Result<()> {
+            if !carry.is_empty() {
+                let take = (4 - carry.len()).min(chunk.len());
+                carry.extend_from_slice(&chunk[..take]);
+                chunk = &chunk[take..];
+                if carry.len() == 4 {
+                    window.push(f32::from_le_bytes([carry[0], carry[1], carry[2], carry[3]]));
+                    carry.clear();
+                }
+            }
+            let whole = chunk.len() / 4 * 4;
+            for b in chunk[..whole].chunks_exact(4) {
+                window.push(f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                if window.len() == size {
+                    flush(&mut window, &mut first)?;
+                }
+            }
+            carry.extend_from_slice(&chunk[whole..]);
+            Ok(())
+        };
+        step().map_err(|e| {
+            failed = Some(e);
+            std::io::Error::other("stopped")
+        })
+    });
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    read.map_err(|e| Error::io("read the staged array", e))?;
+    if !window.is_empty() {
+        flush(&mut window, &mut first)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    /// Windows come out in order and whole, however the values straddle the source's
+    /// chunks (8 MiB reads of a file, here from an offset that is not a multiple of 4).
+    #[test]
+    fn windows_cover_every_value_across_chunks() {
+        let n = (crate::content::CHUNK / 4) * 2 + WINDOW + 5;
+        let values: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 7.0).collect();
+        let memory: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&[9, 9, 9]).unwrap();
+        file.write_all(&memory).unwrap();
+        let source = Source::File {
+            file: &file,
+            offset: 3,
+            len: 4 * n as u64,
+        };
+        for source in [source, Source::Memory(&memory)] {
+            let mut seen = Vec::new();
+            for_each_window(source, WINDOW, |first, w| {
+                assert_eq!(first, seen.len() as u64);
+                assert!(w.len() <= WINDOW);
+                seen.extend_from_slice(w);
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(seen, values);
+        }
+        // An error from a window stops the walk and is returned as it is.
+        let e = for_each_window(Source::Memory(&memory), WINDOW, |first, _| {
+            if first > 0 {
+                return Err(Error::invalid("stop here"));
+            }
+            Ok(())
+        })
+        .unwrap_err();
+        assert_eq!(e.message(), "stop here");
+    }
+}

@@ -1,0 +1,170 @@
+//! Writes of the float32 view of a payload constant (`<backend>/values/<id>.f32.npy`,
+//! docs/writes.md#re-quantizing-writes): the `.npy` is checked against the view, the backend
+//! converts the array into new bytes for the constant and whatever must change with it
+//! (scales, a bias in the filter's units), and those go into one commit.
+//!
+//! Invariants: the value is found in the catalog's payloads, decoded from the same bytes
+//! the commit writes over; nothing is written unless the whole array converts; a blob
+//! (named-data key, or payload bytes) that another value of any decoded payload reads too,
+//! as its constant or its scales, is never rewritten (the write is refused instead; a key
+//! that merely shares its segment with another key gets bytes of its own, see `identity`);
+//! every write of one commit lies in one file, so the weights, their scales and a rescaled
+//! bias change together or not at all.
+
+use super::plan::Plan;
+use crate::backend::{BlobRef, BlobWrite};
+use crate::catalog::Catalog;
+use crate::content::{Bytes, Source, Write};
+use crate::error::{Error, Result};
+use crate::format::layout::Location;
+use crate::format::sharing::TensorId;
+use crate::format::{npy, Model};
+
+/// The write a plan carries: with the named-data entry it belongs to, so that a key whose
+/// segment another key shares gets bytes of its own.
+fn into_write(model: &Model, w: BlobWrite) -> Write<'static> {
+    let of = match &w.bytes {
+        BlobRef::Named { key, .. } => model
+            .named_blob(key)
+            .map(|(file, k, _)| TensorId::key(file, k)),
+        BlobRef::Payload { .. } => None,
+    };
+    Write {
+        location: w.at,
+        bytes: Bytes::Owned(w.new),
+        of,
+    }
+}
+
+/// Whether two references name the same bytes: one named-data entry (as the runtime finds
+/// keys), or overlapping bytes of the payloads at `a_payload` and `b_payload`.
+fn same_bytes(
+    model: &Model, a: &BlobRef, a_payload: Location, b: &BlobRef, b_payload: Location,
+) -> bool {
+    match (a, b) {
+        (BlobRef::Named { key: x, .. }, BlobRef::Named { key: y, .. }) => {
+            let entry = |k: &str| model.named_blob(k).map(|(file, index, _)| (file, index));
+            x == y || entry(x).is_some_and(|e| Some(e) == entry(y))
+        }
+        (BlobRef::Payload { .. }, BlobRef::Payload { .. }) => {
+            let at = |r, p| crate::backend::locate(model, p, r);
+            match (at(a, a_payload), at(b, b_payload)) {
+                (Some(l), Some(m)) => {
+                    l.file == m.file
+                        && l.range.start() < m.range.end()
+                        && m.range.start() < l.range.end()
+                }
+                _ => false,
+            }
+        }
+        _ => false,
+    }
+}
+
+/// Refuses `writes` when another value of the model (in any decoded payload) reads what
+/// they change, as its constant or its scales: new weights or fresh scales would silently
+/// change that value too.
+fn refuse_shared(
+    catalog: &Catalog, plan: usize, delegate: usize, payload: Location, what: &str,
+    writes: &[BlobWrite],
+) -> Result<()> {
+    let model = &*catalog.model;
+    for (&(p, j), other) in catalog.payloads.iter() {
+        for blob in other.payload.blobs() {
+            let hit = writes.iter().find(|w| {
+                (p, j, blob.value, blob.role) != (plan, delegate, w.value, w.role)
+                    && same_bytes(model, &w.bytes, payload, &blob.bytes, other.location)
+            });
+            if let Some(w) = hit {
+                return Err(Error::invalid(format!(
+                    "{what}: value %{} of plan {p} delegate {j} reads the {} of %{} (in {}) too, as its own {}: \
+                     re-quantizing would change that value as well; write the raw bytes (.bin or .npy) instead",
+                    blob.value,
+                    w.role.part(),
+                    w.value,
+                    model.files[w.at.file].path.display(),
+                    blob.role.part(),
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Refuses `writes` that span more than one file: a commit is atomic within one file only.
+fn refuse_several_files(model: &Model, what: &str, writes: &[BlobWrite]) -> Result<()> {
+    let Some(first) = writes.first() else {
+        return Ok(());
+    };
+    if let Some(w) = writes.iter().find(|w| w.at.file != first.at.file) {
+        let name = |w: &BlobWrite| model.files[w.at.file].path.display().to_string();
+        return Err(Error::invalid(format!(
+            "{what}: the {} of %{} are in {} and the {} of %{} in {}; a commit is atomic within one file only, so they cannot change together",
+            first.role.part(),
+            first.value,
+            name(first),
+            w.role.part(),
+            w.value,
+            name(w)
+        )));
+    }
+    Ok(())
+}
+
+/// Decides the writes that make `data` (a `.npy` of float32) the new value of constant
+/// `value` of delegate (`plan`, `delegate`).
+pub fn plan<'a>(
+    catalog: &Catalog, plan: usize, delegate: usize, value: u32, data: Source<'a>,
+) -> Result<Plan<'a>> {
+    let model = &*catalog.model;
+    let dec = catalog.payloads.get(plan, delegate).ok_or_else(|| {
+        Error::new(
+            libc::ESTALE,
+            format!("plan {plan} delegate {delegate}: no decoded payload any more"),
+        )
+    })?;
+    let k = dec.payload.value_index(value).ok_or_else(|| {
+        Error::new(
+            libc::ESTALE,
+            format!("plan {plan} delegate {delegate} has no value %{value} any more"),
+        )
+    })?;
+    let what = match dec.payload.constant(k) {
+        Some(c) => format!("%{value} ({})", c.what),
+        None => format!("%{value}"),
+    };
+    let view = dec.float_view(model, k).ok_or_else(|| {
+        Error::invalid(format!(
+            "{what}: its bytes or scales are not at hand, or no longer of the size its datatype and dims need"
+        ))
+    })?;
+    let dims: Vec<u64> = view.layout.dims().iter().map(|&d| u64::from(d)).collect();
+    let header = npy::parse_header(&data.head(1 << 20)?)?;
+    if !matches!(header.descr.as_str(), "<f4" | "=f4" | "f4") {
+        return Err(Error::invalid(format!(
+            ".npy dtype differs: expected '<f4' (float32, the view of {what}), found '{}'",
+            header.descr
+        )));
+    }
+    if header.shape != dims {
+        return Err(Error::invalid(format!(
+            ".npy shape differs: expected {dims:?}, found {:?}",
+            header.shape
+        )));
+    }
+    if header.fortran_order && dims.iter().filter(|&&d| d > 1).count() > 1 {
+        return Err(Error::invalid(
+            ".npy is in Fortran order: expected C order (save np.ascontiguousarray(a))",
+        ));
+    }
+    let at = header.data_offset as u64;
+    let body = data.slice(at, data.len() - at)?;
+    let writes = dec
+        .payload
+        .plan_float_write(model, dec.location, value, body)?;
+    refuse_shared(catalog, plan, delegate, dec.location, &what, &writes)?;
+    refuse_several_files(model, &what, &writes)?;
+    Ok(Plan::InPlace {
+        writes: writes.into_iter().map(|w| into_write(model, w)).collect(),
+    })
+}
