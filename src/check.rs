@@ -351,7 +351,7 @@ fn open_beside(dir: &File, dir_path: &Path, name: &OsStr, owner: u32) -> Option<
     if !meta.is_file() || meta.uid() != owner || meta.mode() & 0o002 != 0 {
         return None;
     }
-    ModelFile::from_file(dir_path.join(name), file, None, false).ok()
+    ModelFile::from_file(dir_path.join(name), file, false).ok()
 }
 
 fn check_program(p: &pte_fb::ProgramT, out: &mut Vec<String>) {

@@ -20,4 +20,5 @@ pub mod fs;
 pub mod fuse;
 pub mod guard;
 pub mod offline;
+pub mod source;
 pub mod tree;

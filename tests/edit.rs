@@ -234,7 +234,7 @@ impl ptefs::edit::FileWatcher for Watcher {
     }
 
     fn now_open(&self, model: &Model) {
-        let len = model.files[0].bytes().len();
+        let len = model.files[0].len() as usize;
         self.told.lock().unwrap().push(format!("open {len}"));
     }
 }

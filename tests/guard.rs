@@ -22,7 +22,7 @@ fn sigbus_on_a_truncated_mapping_is_survived_and_reported() {
         .set_len(4096)
         .unwrap();
     // Touch every page of the mapping from user space, as a copy would.
-    let mapped = file.bytes();
+    let mapped = file.mapped().unwrap();
     let mut sum = 0u64;
     for i in (0..mapped.len()).step_by(4096) {
         sum = sum.wrapping_add(unsafe { std::ptr::read_volatile(&mapped[i]) } as u64);

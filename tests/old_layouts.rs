@@ -20,9 +20,7 @@ fn tree_of(bytes: Vec<u8>) -> Tree {
 fn file_bytes(tree: &Tree, path: &str) -> Vec<u8> {
     let ino = tree.find(path).unwrap_or_else(|| panic!("{path} missing"));
     match &tree.node(ino).unwrap().content {
-        ptefs::tree::Content::Range(l) => {
-            tree.model.files[l.file].bytes()[l.range.as_usize()].to_vec()
-        }
+        ptefs::tree::Content::Range(l) => tree.model.files[l.file].read(l.range).unwrap().to_vec(),
         _ => tree.text(ino).unwrap().to_vec(),
     }
 }

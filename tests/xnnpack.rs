@@ -60,7 +60,7 @@ fn delegates(path: &Path) -> Vec<Delegate> {
                 plan: p,
                 index: j,
                 backend: d.id.clone().unwrap_or_default(),
-                payload: model.bytes()[loc.range.as_usize()].to_vec(),
+                payload: model.read(loc.range).unwrap().to_vec(),
             });
         }
     }
@@ -92,7 +92,7 @@ fn named_blobs(pte_path: &Path) -> HashMap<String, Vec<u8>> {
         let loc = loc.clone().unwrap();
         blobs.insert(
             nd.key.clone().unwrap(),
-            model.bytes()[loc.range.as_usize()].to_vec(),
+            model.read(loc.range).unwrap().to_vec(),
         );
     }
     let manifest = load_json(&manifest_of(pte_path));
@@ -102,7 +102,7 @@ fn named_blobs(pte_path: &Path) -> HashMap<String, Vec<u8>> {
         let Kind::Ptd(ptd) = &data.kind else { panic!() };
         for blob in locate_ptd(ptd, 1) {
             let loc = blob.location.unwrap();
-            blobs.insert(blob.key, data.bytes()[loc.range.as_usize()].to_vec());
+            blobs.insert(blob.key, data.read(loc.range).unwrap().to_vec());
         }
     }
     blobs

@@ -614,7 +614,7 @@ impl Payload {
             .clone()
             .unwrap();
         assert_eq!(loc.file, 0);
-        let bytes = m.files[0].bytes()[loc.range.as_usize()].to_vec();
+        let bytes = m.files[0].read(loc.range).unwrap().to_vec();
         let flatbuffer = decode(&bytes).unwrap().flatbuffer.start() as usize;
         Payload {
             file_offset: loc.range.start() as usize,

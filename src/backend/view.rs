@@ -76,7 +76,11 @@ pub fn read_f32(
     if end > h {
         let (a, b) = (start.max(h) - h, end - h);
         let (first, last) = (a / 4, b.div_ceil(4));
-        let bytes = |l: &Location| &model.files[l.file].bytes()[l.range.as_usize()];
+        let bytes = |l: &Location| {
+            model.files[l.file]
+                .read_at(l)
+                .map_err(|e| Error::new(libc::EIO, e.to_string()))
+        };
         if view.data.range.len() < layout.data_nbytes()
             || view.scales.map_or(0, |l| l.range.len()) < layout.scale_nbytes()
         {
@@ -88,11 +92,14 @@ pub fn read_f32(
                 ),
             ));
         }
-        let data = bytes(&view.data);
-        let scales = view.scales.as_ref().map_or(&[][..], bytes);
+        let data = bytes(&view.data)?;
+        let scales = match &view.scales {
+            Some(l) => bytes(l)?,
+            None => std::borrow::Cow::Borrowed(&[][..]),
+        };
         let mut values = vec![0f32; (last - first) as usize];
         layout
-            .dequantize(data, scales, first, &mut values)
+            .dequantize(&data, &scales, first, &mut values)
             .map_err(|e| Error::new(libc::EIO, e))?;
         // Whole floats straight into the reply; a window that starts or ends inside a float
         // drops the bytes outside it.

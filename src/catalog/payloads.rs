@@ -6,6 +6,7 @@
 //! has no entry (its directory shows only `delegate.json` and `processed.bin`); every
 //! `Decoded::payload` lies inside its file (it came from the model's layout).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -26,8 +27,8 @@ pub struct Decoded {
 
 impl Decoded {
     /// The bytes the payload was decoded from.
-    pub fn bytes<'m>(&self, model: &'m Model) -> &'m [u8] {
-        &model.files[self.location.file].bytes()[self.location.range.as_usize()]
+    pub fn bytes<'m>(&self, model: &'m Model) -> Result<Cow<'m, [u8]>, FormatError> {
+        model.files[self.location.file].read_at(&self.location)
     }
 
     /// Where the bytes a reference of this payload names are.
@@ -55,7 +56,10 @@ impl Decoded {
 
     /// `graph.json` of this payload.
     pub fn graph_json(&self, model: &Model) -> Value {
-        self.payload.graph_json(self.bytes(model))
+        match self.bytes(model) {
+            Ok(bytes) => self.payload.graph_json(&bytes),
+            Err(e) => json!({ "error": e.to_string() }),
+        }
     }
 
     /// Every blob the payload reads, with where it is.
@@ -131,8 +135,14 @@ impl Payloads {
                 let Some(Ok(location)) = layout.plans[p].delegates.get(j) else {
                     continue;
                 };
-                let bytes = &model.files[location.file].bytes()[location.range.as_usize()];
-                let payload = match decode_payload(d.id.as_deref().unwrap_or(""), bytes) {
+                let bytes = match model.files[location.file].read_at(location) {
+                    Ok(bytes) => bytes,
+                    Err(e) => {
+                        out.refused.insert((p, j), e);
+                        continue;
+                    }
+                };
+                let payload = match decode_payload(d.id.as_deref().unwrap_or(""), &bytes) {
                     Ok(payload) => payload,
                     Err(NotDecoded::NoDecoder) => continue,
                     Err(NotDecoded::Invalid(e)) => {

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::format::model::stat_in;
+use crate::source::stat_in;
 
 /// Where lock files may go, best first.
 pub fn runtime_dirs() -> Vec<PathBuf> {

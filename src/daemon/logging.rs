@@ -115,7 +115,7 @@ impl RuntimeLog {
             .map_err(|e| e.context("no directory for the daemon's log file"))?;
         let taken = |name: &str| {
             !matches!(
-                crate::format::model::stat_in(&dir, std::ffi::OsStr::new(name)),
+                crate::source::stat_in(&dir, std::ffi::OsStr::new(name)),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound
             )
         };

@@ -110,7 +110,7 @@ pub struct Journaled<'a> {
 /// journal and makes it durable under its name (nothing has the name if that fails).
 pub fn begin<'a>(model: &'a ModelFile, writes: &'a [RangeWrite<'a>]) -> Result<Journaled<'a>> {
     let shown = model.path.display().to_string();
-    let file_len = model.bytes().len() as u64;
+    let file_len = model.len();
     check_ranges(writes, file_len, &shown)?;
     let target = model
         .file
@@ -453,7 +453,7 @@ fn examine(path: &Path, model: &ModelFile, beside: &Beside) -> Result<Option<Fou
             meta.mode() & 0o7777
         )));
     }
-    let file_len = model.bytes().len() as u64;
+    let file_len = model.len();
     let parsed = match parse_header(&j, meta.len(), file_len, &model.writable_ranges()) {
         Ok(p) => p,
         Err(Verdict::Untrusted(why)) => return Err(refuse(why)),
@@ -522,7 +522,7 @@ pub fn recover(path: &Path) -> Result<Recovery> {
                 format!("{} cannot be opened for writing", path.display()),
             )
         })?;
-    debug_assert_eq!(parsed.file_len, model.bytes().len() as u64);
+    debug_assert_eq!(parsed.file_len, model.len());
     let mut at = parsed.data_start as usize;
     let mut bytes = 0;
     for r in &parsed.ranges {
@@ -703,7 +703,7 @@ mod tests {
         assert_eq!(e.errno(), libc::ESTALE, "{e}");
         let model = ModelFile::open_writable(&p).unwrap();
         let f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
-        f.set_len(model.bytes().len() as u64 + 10).unwrap();
+        f.set_len(model.len() + 10).unwrap();
         let e =
             write_in_place(&model, &[(seg.start(), Source::Memory(&[1u8; 4]))], || ()).unwrap_err();
         assert!(e.message().contains("changed size"), "{e}");

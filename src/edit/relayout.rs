@@ -211,12 +211,13 @@ fn new_offsets(
 fn plan_pte<'a>(
     mf: &ModelFile, pte: &crate::format::pte::Pte, change: &'a Change,
 ) -> Result<NewLayout<'a>> {
-    let bytes = mf.bytes();
-    let flat = &bytes[..pte.header.program_size() as usize];
+    let flat = ByteRange::new(0, pte.header.program_size())
+        .ok_or_else(|| Error::invalid("the program's size overflows"))?;
+    let flat = mf.read(flat)?;
     // Verified when the file was opened; a full unpack keeps every field, inline bytes too.
     let root = flatbuffers::root_with_opts::<pte_fb::Program>(
         &crate::format::pte::verifier_options(),
-        flat,
+        &flat,
     )
     .map_err(|e| Error::invalid(format!("re-reading the program failed: {e}")))?;
     let mut program = root.unpack();
@@ -595,7 +596,7 @@ fn write_new_file(mf: &ModelFile, mut out: File, shown: &str, plan: &NewLayout) 
 /// bytes planned (unchanged segments are compared by size; their bytes were copied verbatim).
 fn check_new_file(old: &ModelFile, out: File, shown: &str, plan: &NewLayout) -> Result<()> {
     let sources = &plan.sources;
-    let new = ModelFile::from_file(PathBuf::from(shown), out, None, false).map_err(|e| {
+    let new = ModelFile::from_file(PathBuf::from(shown), out, false).map_err(|e| {
         Error::new(
             libc::EIO,
             format!("the re-laid-out file does not parse back: {e}"),
@@ -617,10 +618,10 @@ fn check_new_file(old: &ModelFile, out: File, shown: &str, plan: &NewLayout) -> 
         ));
     }
     for (i, (r, s)) in segs.iter().zip(sources).enumerate() {
-        let bytes = &new.bytes()[r.as_usize()];
+        let bytes = new.read(*r)?;
         let ok = match s {
             SegmentSource::Old(o) => r.len() == o.len(),
-            SegmentSource::New(d) => d.equals(bytes, &mut Vec::new()),
+            SegmentSource::New(d) => d.equals(&bytes, &mut Vec::new()),
             SegmentSource::Extended { old, tail } => {
                 let mut at = old.len() as usize;
                 r.len() == source_len(s)
@@ -644,9 +645,11 @@ fn check_new_file(old: &ModelFile, out: File, shown: &str, plan: &NewLayout) -> 
         Kind::Ptd(n) => n.header.segment_base_offset,
     };
     for (at, d) in &plan.patches {
-        let start = (base + at) as usize;
-        let piece = new.bytes().get(start..start + d.len() as usize);
-        if !piece.is_some_and(|p| d.equals(p, &mut Vec::new())) {
+        let start = base + at;
+        let piece = ByteRange::new(start, d.len())
+            .filter(|r| r.end() <= new.len())
+            .and_then(|r| new.read(r).ok());
+        if !piece.is_some_and(|p| d.equals(p.as_ref(), &mut Vec::new())) {
             return Err(Error::new(
                 libc::EIO,
                 format!("the re-laid-out file does not hold the bytes written at {start}"),

@@ -144,6 +144,12 @@ fn check_root_offset(root_offset: u32, program_size: u64) -> Result<(), FormatEr
 }
 
 pub fn parse_pte_header(bytes: &[u8]) -> Result<PteHeader, FormatError> {
+    parse_pte_header_in(bytes, bytes.len() as u64)
+}
+
+/// The header of a `.pte` of `file_size` bytes, from `bytes`, its first bytes (at least
+/// the header's, or the whole file when it is shorter).
+pub fn parse_pte_header_in(bytes: &[u8], file_size: u64) -> Result<PteHeader, FormatError> {
     if detect_kind(bytes)? != FileKind::Pte {
         return Err(FormatError::mismatch(
             "file identifier",
@@ -152,7 +158,6 @@ pub fn parse_pte_header(bytes: &[u8]) -> Result<PteHeader, FormatError> {
             format!("\"{}\"", printable(&bytes[4..8])),
         ));
     }
-    let file_size = bytes.len() as u64;
     let root_offset = u32_at(bytes, 0);
     let extended = if bytes.len() >= 12 && &bytes[8..12] == PTE_EXTENDED_MAGIC {
         if bytes.len() < 16 {
@@ -237,6 +242,12 @@ pub fn parse_pte_header(bytes: &[u8]) -> Result<PteHeader, FormatError> {
 }
 
 pub fn parse_ptd_header(bytes: &[u8]) -> Result<PtdHeader, FormatError> {
+    parse_ptd_header_in(bytes, bytes.len() as u64)
+}
+
+/// The header of a `.ptd` of `file_size` bytes, from `bytes`, its first bytes (at least
+/// the header's, or the whole file when it is shorter).
+pub fn parse_ptd_header_in(bytes: &[u8], file_size: u64) -> Result<PtdHeader, FormatError> {
     if detect_kind(bytes)? != FileKind::Ptd {
         return Err(FormatError::mismatch(
             "file identifier",
@@ -245,7 +256,6 @@ pub fn parse_ptd_header(bytes: &[u8]) -> Result<PtdHeader, FormatError> {
             format!("\"{}\"", printable(&bytes[4..8])),
         ));
     }
-    let file_size = bytes.len() as u64;
     if bytes.len() < 8 + PTD_EXTENDED_LEN as usize {
         return Err(FormatError::mismatch(
             "FH01 header",

@@ -1,27 +1,24 @@
-//! Opening a model: map each file, decide its kind from the identifier, parse it, and resolve
-//! where every tensor, payload and blob keeps its bytes.
+//! A model: each file's bytes (from `crate::source`), its kind decided by the identifier,
+//! parsed, and where every tensor, payload and blob keeps its bytes.
 //!
-//! Invariant: a `ModelFile` always holds a successfully parsed file; the bytes it parsed stay
-//! mapped for as long as it lives.
+//! Invariant: a `ModelFile` always holds a successfully parsed file; the bytes it parsed
+//! stay readable through its source for as long as it lives.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
-use std::ffi::{CString, OsStr, OsString};
+use std::ffi::OsString;
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd};
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use memmap2::Mmap;
-
 use super::header::{detect_kind, FileKind};
 use super::layout::{locate_ptd, locate_pte, FileIndex, Location, NamedBlob, PteLayout};
-use super::ptd::{parse_ptd, Ptd};
-use super::pte::{parse_pte, Pte};
+use super::ptd::{parse_ptd, parse_ptd_in, Ptd};
+use super::pte::{parse_pte, parse_pte_in, Pte};
 use super::range::ByteRange;
 use super::sharing::SharedBytes;
 use super::FormatError;
+use crate::source::{stat_in, ByteSource, LocalFile, Memory};
 
 #[derive(Debug, Clone)]
 pub enum Kind {
@@ -29,12 +26,44 @@ pub enum Kind {
     Ptd(Box<Ptd>),
 }
 
+/// The first bytes read to find a file's kind and header: more than any header needs.
+const HEAD: u64 = 4096;
+
 impl Kind {
     /// Parses bytes of either kind, chosen by the identifier at byte 4.
     pub fn parse(bytes: &[u8]) -> Result<Kind, FormatError> {
         Ok(match detect_kind(bytes)? {
             FileKind::Pte => Kind::Pte(Box::new(parse_pte(bytes)?)),
             FileKind::Ptd => Kind::Ptd(Box::new(parse_ptd(bytes)?)),
+        })
+    }
+
+    /// Parses the file `source` holds: the whole file when it is in memory, else its header,
+    /// then its flatbuffer, read as ranges (never the segments).
+    pub fn parse_source(source: &dyn ByteSource) -> Result<Kind, FormatError> {
+        if let Some(bytes) = source.mapped() {
+            return Kind::parse(bytes);
+        }
+        let len = source.len();
+        let read = |end: u64| {
+            source
+                .read(0..end)
+                .map_err(|e| FormatError::new(format!("cannot read bytes 0..{end}: {e}")))
+        };
+        let head = read(len.min(HEAD))?;
+        let kind = detect_kind(&head)?;
+        let program_end = match kind {
+            FileKind::Pte => super::header::parse_pte_header_in(&head, len)?.program_size(),
+            FileKind::Ptd => super::header::parse_ptd_header_in(&head, len)?.program_size(),
+        };
+        let flat = if program_end <= head.len() as u64 {
+            head
+        } else {
+            read(program_end)?
+        };
+        Ok(match kind {
+            FileKind::Pte => Kind::Pte(Box::new(parse_pte_in(&flat, len)?)),
+            FileKind::Ptd => Kind::Ptd(Box::new(parse_ptd_in(&flat, len)?)),
         })
     }
 
@@ -46,23 +75,17 @@ impl Kind {
     }
 }
 
-enum Backing {
-    /// The watch is declared first so it is dropped (unregistered) before the unmap.
-    Map(crate::guard::Watch, Mmap),
-    Owned(Vec<u8>),
-}
-
-/// A mapped and parsed `.pte` or `.ptd`.
+/// A parsed `.pte` or `.ptd`, and where its bytes come from.
 pub struct ModelFile {
     pub path: PathBuf,
     pub kind: Kind,
-    /// The descriptor the file was mapped from: commits write through it (when it was
-    /// opened for writing), never through the path, which another process may repoint.
+    /// The descriptor of a local file: commits write through it (when it was opened for
+    /// writing), never through the path, which another process may repoint. None for
+    /// bytes that are not a local file.
     pub file: Option<File>,
-    /// The directory holding the file, opened before it (the file is opened relative to it,
-    /// so the two always go together): files beside the model (journals, re-layout files)
-    /// are created relative to it, and the file is opened again through it, never through
-    /// its path.
+    /// The directory holding a local file, opened before it: files beside the model
+    /// (journals, re-layout files) are created relative to it, and the file is opened
+    /// again through it, never through its path.
     pub dir: Option<Arc<File>>,
     /// The file's name in `dir`, as bytes.
     pub name: OsString,
@@ -70,75 +93,15 @@ pub struct ModelFile {
     pub identity: Option<(u64, u64)>,
     /// Whether `file` was opened for writing.
     pub writable: bool,
-    backing: Backing,
+    source: Box<dyn ByteSource>,
 }
 
 impl std::fmt::Debug for ModelFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ModelFile")
             .field("path", &self.path)
-            .field("len", &self.bytes().len())
+            .field("len", &self.len())
             .finish()
-    }
-}
-
-/// Device and inode of `name` in `dir`, without following a link.
-pub fn stat_in(dir: &File, name: &OsStr) -> std::io::Result<(u64, u64)> {
-    let c = CString::new(name.as_bytes())
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "a NUL in the name"))?;
-    // SAFETY: zeroed memory is a valid stat buffer.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid directory descriptor, C string and stat buffer.
-    if unsafe {
-        libc::fstatat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            &mut st,
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    } != 0
-    {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok((st.st_dev, st.st_ino))
-}
-
-/// Opens `name` in directory `dir` without following a link.
-fn open_in(dir: &File, name: &OsStr, writable: bool) -> std::io::Result<File> {
-    let c = CString::new(name.as_bytes())
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "a NUL in the name"))?;
-    let access = if writable {
-        libc::O_RDWR
-    } else {
-        libc::O_RDONLY
-    };
-    // SAFETY: a valid directory descriptor and C string.
-    let fd = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            access | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a descriptor just opened and owned here alone.
-    Ok(unsafe { File::from_raw_fd(fd) })
-}
-
-/// Opens `name` in `dir` for writing when `writable` and allowed, else for reading; says
-/// which it got.
-fn open_in_best(dir: &File, name: &OsStr, writable: bool) -> std::io::Result<(File, bool)> {
-    if !writable {
-        return open_in(dir, name, false).map(|f| (f, false));
-    }
-    match open_in(dir, name, true) {
-        Ok(f) => Ok((f, true)),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EROFS)) => {
-            open_in(dir, name, false).map(|f| (f, false))
-        }
-        Err(e) => Err(e),
     }
 }
 
@@ -155,23 +118,9 @@ impl ModelFile {
     }
 
     fn open_with(path: &Path, writable: bool) -> Result<ModelFile, FormatError> {
-        let shown = path.display();
-        let cannot = |e: std::io::Error| FormatError::new(format!("{shown}: cannot open: {e}"));
-        // Absolute, so that xattrs and JSON name a path usable from any directory.
-        let path = path.canonicalize().map_err(cannot)?;
-        let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
-            return Err(FormatError::new(format!("{shown}: not a file")));
-        };
-        // The directory first, then the file in it: another process swapping a directory
-        // of the path in between cannot make the two disagree.
-        let dir = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
-            .open(parent)
-            .map_err(cannot)?;
-        let (file, writable) = open_in_best(&dir, name, writable).map_err(cannot)?;
-        let name = name.to_os_string();
-        ModelFile::from_file(path, file, Some((Arc::new(dir), name)), writable)
+        let local = LocalFile::open(path, writable)
+            .map_err(|e| FormatError::new(format!("{}: cannot open: {e}", path.display())))?;
+        ModelFile::from_local(local)
     }
 
     /// Opens the same file again, through the directory it was opened in (after a commit
@@ -180,55 +129,55 @@ impl ModelFile {
         let Some(dir) = &self.dir else {
             return ModelFile::open_with(&self.path, self.writable);
         };
-        let shown = self.path.display();
-        let (file, writable) = open_in_best(dir, &self.name, self.writable)
-            .map_err(|e| FormatError::new(format!("{shown}: cannot open: {e}")))?;
-        ModelFile::from_file(
-            self.path.clone(),
-            file,
-            Some((dir.clone(), self.name.clone())),
-            writable,
-        )
+        let local = LocalFile::reopen(&self.path, dir, &self.name, self.writable)
+            .map_err(|e| FormatError::new(format!("{}: cannot open: {e}", self.path.display())))?;
+        ModelFile::from_local(local)
     }
 
-    /// Maps and parses an open file known as `path` (name `.1` in directory `.0`).
-    pub fn from_file(
-        path: PathBuf, file: File, dir: Option<(Arc<File>, OsString)>, writable: bool,
-    ) -> Result<ModelFile, FormatError> {
-        let shown = path.display();
-        let meta = file
-            .metadata()
-            .map_err(|e| FormatError::new(format!("{shown}: cannot stat: {e}")))?;
-        if !meta.is_file() {
-            return Err(FormatError::new(format!("{shown}: not a regular file")));
-        }
-        let backing = if meta.len() == 0 {
-            Backing::Owned(Vec::new())
-        } else {
-            // SAFETY: the mapping is read-only; a concurrent truncation by another process
-            // is handled by `crate::guard` (reads check the size, SIGBUS is caught).
-            let map = unsafe { Mmap::map(&file) }
-                .map_err(|e| FormatError::new(format!("{shown}: cannot map: {e}")))?;
-            Backing::Map(crate::guard::Watch::new(map.as_ptr(), map.len()), map)
-        };
-        let bytes: &[u8] = match &backing {
-            Backing::Map(_, m) => m,
-            Backing::Owned(v) => v,
-        };
-        let kind = Kind::parse(bytes).map_err(|e| FormatError::new(format!("{shown}: {e}")))?;
-        let (dir, name) = match dir {
-            Some((d, n)) => (Some(d), n),
-            None => (None, path.file_name().unwrap_or_default().to_os_string()),
-        };
+    /// Maps and parses an open file known as `path` (tests and tools; no directory).
+    pub fn from_file(path: PathBuf, file: File, writable: bool) -> Result<ModelFile, FormatError> {
+        ModelFile::from_local(LocalFile::from_file(path, file, writable))
+    }
+
+    /// Maps and parses an opened local file.
+    pub fn from_local(local: LocalFile) -> Result<ModelFile, FormatError> {
+        let shown = local.path.display().to_string();
+        let identity = local
+            .identity()
+            .map_err(|e| FormatError::new(format!("{shown}: {e}")))?;
+        let source = local
+            .map()
+            .map_err(|e| FormatError::new(format!("{shown}: cannot map: {e}")))?;
+        let kind =
+            Kind::parse_source(&*source).map_err(|e| FormatError::new(format!("{shown}: {e}")))?;
         Ok(ModelFile {
-            identity: Some((meta.dev(), meta.ino())),
+            identity: Some(identity),
+            path: local.path,
+            kind,
+            file: Some(local.file),
+            dir: local.dir,
+            name: local.name,
+            writable: local.writable,
+            source,
+        })
+    }
+
+    /// Parses the file `source` holds, known as `path` (bytes that are not a local file:
+    /// no descriptor, nothing to write through).
+    pub fn from_source(
+        path: PathBuf, source: Box<dyn ByteSource>,
+    ) -> Result<ModelFile, FormatError> {
+        let kind = Kind::parse_source(&*source)
+            .map_err(|e| FormatError::new(format!("{}: {e}", path.display())))?;
+        Ok(ModelFile {
+            name: path.file_name().unwrap_or_default().to_os_string(),
             path,
             kind,
-            file: Some(file),
-            dir,
-            name,
-            writable,
-            backing,
+            file: None,
+            dir: None,
+            identity: None,
+            writable: false,
+            source,
         })
     }
 
@@ -276,23 +225,40 @@ impl ModelFile {
             name: path.file_name().unwrap_or_default().to_os_string(),
             identity: None,
             writable: false,
-            backing: Backing::Owned(bytes),
+            source: Box::new(Memory(bytes)),
         })
     }
 
     /// Whether the file shrank under its mapping (its bytes can no longer be trusted).
     pub fn poisoned(&self) -> bool {
-        match &self.backing {
-            Backing::Map(watch, _) => watch.poisoned(),
-            Backing::Owned(_) => false,
-        }
+        self.source.poisoned()
     }
 
-    pub fn bytes(&self) -> &[u8] {
-        match &self.backing {
-            Backing::Map(_, m) => m,
-            Backing::Owned(v) => v,
-        }
+    /// The file's length as opened.
+    pub fn len(&self) -> u64 {
+        self.source.len()
+    }
+
+    /// Whether the file is empty (never true of a parsed file).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The whole file, when its bytes are in memory (a mapping): reads reply with slices.
+    pub fn mapped(&self) -> Option<&[u8]> {
+        self.source.mapped()
+    }
+
+    /// The bytes of `range` of the file: a slice of the mapping, or bytes read.
+    pub fn read(&self, range: ByteRange) -> Result<Cow<'_, [u8]>, FormatError> {
+        self.source
+            .read(range.start()..range.end())
+            .map_err(|e| FormatError::new(format!("{}: cannot read: {e}", self.path.display())))
+    }
+
+    /// The bytes at `location` (a location of this file).
+    pub fn read_at(&self, location: &Location) -> Result<Cow<'_, [u8]>, FormatError> {
+        self.read(location.range)
     }
 
     /// End of the flatbuffer region; bytes from here on are padding and segments.

@@ -5,7 +5,7 @@
 //! `segments` lies inside the file.
 
 use super::generated::ptd_fb;
-use super::header::{parse_ptd_header, PtdHeader};
+use super::header::{parse_ptd_header_in, PtdHeader};
 use super::pte::{describe_verifier_error, verifier_options_for};
 use super::range::{checked_range, ByteRange};
 use super::FormatError;
@@ -21,8 +21,16 @@ pub struct Ptd {
 }
 
 pub fn parse_ptd(bytes: &[u8]) -> Result<Ptd, FormatError> {
-    let header = parse_ptd_header(bytes)?;
-    let flat = &bytes[..header.program_size() as usize];
+    parse_ptd_in(bytes, bytes.len() as u64)
+}
+
+/// Parses a `.ptd` of `file_size` bytes from `bytes`, its first bytes: at least the header
+/// and the flatbuffer, or the whole file.
+pub fn parse_ptd_in(bytes: &[u8], file_size: u64) -> Result<Ptd, FormatError> {
+    let header = parse_ptd_header_in(bytes, file_size)?;
+    let flat = bytes
+        .get(..header.program_size() as usize)
+        .ok_or_else(|| FormatError::new("the flatbuffer was not read whole"))?;
     let root =
         flatbuffers::root_with_opts::<ptd_fb::FlatTensor>(&verifier_options_for(flat.len()), flat)
             .map_err(|e| describe_verifier_error("FlatTensor flatbuffer", &e))?;

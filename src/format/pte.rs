@@ -9,7 +9,7 @@
 use flatbuffers::VerifierOptions;
 
 use super::generated::pte_fb;
-use super::header::{parse_pte_header, PteHeader};
+use super::header::{parse_pte_header_in, PteHeader};
 use super::range::{checked_range, ByteRange};
 use super::FormatError;
 
@@ -76,14 +76,20 @@ fn vector_range(base: &[u8], data: &[u8]) -> ByteRange {
 }
 
 pub fn parse_pte(bytes: &[u8]) -> Result<Pte, FormatError> {
-    let header = parse_pte_header(bytes)?;
-    let program_size = header.program_size() as usize;
-    let flat = &bytes[..program_size];
+    parse_pte_in(bytes, bytes.len() as u64)
+}
+
+/// Parses a `.pte` of `file_size` bytes from `bytes`, its first bytes: at least the header
+/// and the flatbuffer (`program_size` of them), or the whole file.
+pub fn parse_pte_in(bytes: &[u8], file_size: u64) -> Result<Pte, FormatError> {
+    let header = parse_pte_header_in(bytes, file_size)?;
+    let flat = bytes
+        .get(..header.program_size() as usize)
+        .ok_or_else(|| FormatError::new("the flatbuffer was not read whole"))?;
     let root =
         flatbuffers::root_with_opts::<pte_fb::Program>(&verifier_options_for(flat.len()), flat)
             .map_err(|e| describe_verifier_error("Program flatbuffer", &e))?;
 
-    let file_size = bytes.len() as u64;
     let base = header.segment_base_offset();
     let mut segments = Vec::new();
     let mut segment_tables = None;

@@ -396,12 +396,7 @@ impl Fs {
     pub fn statfs(&self) -> StatFs {
         const FRSIZE: u64 = 4096;
         let tree = self.tree();
-        let bytes: u64 = tree
-            .model
-            .files
-            .iter()
-            .map(|f| f.bytes().len() as u64)
-            .sum();
+        let bytes: u64 = tree.model.files.iter().map(|f| f.len()).sum();
         StatFs {
             blocks: bytes.div_ceil(FRSIZE),
             bfree: 0,

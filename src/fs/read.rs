@@ -44,9 +44,10 @@ impl ReadData {
 
     pub fn bytes(&self) -> &[u8] {
         match &self.part {
-            Part::Mapped { file, start, end } => {
-                &self.tree.model.files[*file].bytes()[*start..*end]
-            }
+            Part::Mapped { file, start, end } => self.tree.model.files[*file]
+                .mapped()
+                .and_then(|m| m.get(*start..*end))
+                .unwrap_or_default(),
             Part::Text { text, start, end } => &text[*start..*end],
             Part::Owned(v) => v,
         }
@@ -73,18 +74,38 @@ fn check_still_backed(tree: &Tree, loc: &Location) -> Result<()> {
                 format!("{}: cannot stat: {e}", file.path.display()),
             )
         })?;
-        if len < loc.range.end() || len < file.bytes().len() as u64 {
+        if len < loc.range.end() || len < file.len() {
             return Err(Error::new(
                 libc::EIO,
                 format!(
                     "{} shrank to {len} bytes while mounted (it was {}): refusing to read",
                     file.path.display(),
-                    file.bytes().len()
+                    file.len()
                 ),
             ));
         }
     }
     Ok(())
+}
+
+/// Bytes `range` of model file `file`, read (or copied from its mapping); a failure is EIO.
+fn read_range(
+    tree: &Tree, file: usize, range: crate::format::range::ByteRange,
+) -> Result<std::borrow::Cow<'_, [u8]>> {
+    tree.model.files[file]
+        .read(range)
+        .map_err(|e| Error::new(libc::EIO, e.to_string()))
+}
+
+/// Bytes `start..end` of model file `file` as a reply: a slice of the mapping when the file
+/// is mapped (nothing copied), else the bytes read.
+fn range_part(tree: &Arc<Tree>, file: usize, start: usize, end: usize) -> Result<Part> {
+    if tree.model.files[file].mapped().is_some() {
+        return Ok(Part::Mapped { file, start, end });
+    }
+    let range = crate::format::range::ByteRange::new(start as u64, (end - start) as u64)
+        .ok_or_else(|| Error::new(libc::EIO, "a read range overflows"))?;
+    Ok(Part::Owned(read_range(tree, file, range)?.into_owned()))
 }
 
 fn window(len: u64, offset: u64, size: u32) -> (usize, usize) {
@@ -173,7 +194,7 @@ pub(super) fn read_ahead(tree: &Tree, ino: Ino, offset: u64, size: u32) {
         return;
     };
     // Asking for bytes already cached is not free: it walks the page cache over them.
-    if cached(model_file.bytes(), start, end) {
+    if model_file.mapped().is_none_or(|m| cached(m, start, end)) {
         return;
     }
     if end > start {
@@ -206,11 +227,7 @@ pub fn read(tree: Arc<Tree>, ino: Ino, offset: u64, size: u32) -> Result<ReadDat
                 check_still_backed(&tree, loc)?;
             }
             let base = loc.range.start() as usize;
-            Part::Mapped {
-                file: loc.file,
-                start: base + s,
-                end: base + e,
-            }
+            range_part(&tree, loc.file, base + s, base + e)?
         }
         Content::Npy { header, location } => {
             let total = header.len() as u64 + location.range.len();
@@ -221,20 +238,16 @@ pub fn read(tree: Arc<Tree>, ino: Ino, offset: u64, size: u32) -> Result<ReadDat
                     check_still_backed(&tree, location)?;
                 }
                 let base = location.range.start() as usize;
-                Part::Mapped {
-                    file: location.file,
-                    start: base + (s - h),
-                    end: base + (e - h),
-                }
+                range_part(&tree, location.file, base + (s - h), base + (e - h))?
             } else {
                 // The first read straddles the generated header: join the two parts.
                 let mut out = header[s..e.min(h)].to_vec();
                 if e > h {
                     check_still_backed(&tree, location)?;
-                    let base = location.range.start() as usize;
-                    out.extend_from_slice(
-                        &tree.model.files[location.file].bytes()[base..base + (e - h)],
-                    );
+                    let base = location.range.start();
+                    let range = location.range.slice_from(0, (e - h) as u64);
+                    debug_assert_eq!(range.start(), base);
+                    out.extend_from_slice(&read_range(&tree, location.file, range)?);
                     // A truncation during the copy leaves zeros behind: do not serve them.
                     check_still_backed(&tree, location)?;
                 }
@@ -262,19 +275,20 @@ pub fn read(tree: Arc<Tree>, ino: Ino, offset: u64, size: u32) -> Result<ReadDat
             }
             match pieces.as_slice() {
                 // A read inside one tensor is a slice of the mapping.
-                [Piece::Range(l)] => Part::Mapped {
-                    file: l.file,
-                    start: l.range.start() as usize,
-                    end: l.range.end() as usize,
-                },
+                [Piece::Range(l)] => range_part(
+                    &tree,
+                    l.file,
+                    l.range.start() as usize,
+                    l.range.end() as usize,
+                )?,
                 _ => {
                     let mut out = Vec::with_capacity(size as usize);
                     for p in &pieces {
                         match p {
                             Piece::Header(h) => out.extend_from_slice(h),
-                            Piece::Range(l) => out.extend_from_slice(
-                                &tree.model.files[l.file].bytes()[l.range.as_usize()],
-                            ),
+                            Piece::Range(l) => {
+                                out.extend_from_slice(&read_range(&tree, l.file, l.range)?)
+                            }
                         }
                     }
                     for p in &pieces {
@@ -354,7 +368,7 @@ pub fn read_for_copy(tree: Arc<Tree>, ino: Ino, offset: u64, size: u32) -> Resul
                             format!("{}: cannot read: {e}", file.path.display()),
                         )
                     })?,
-                    None => out[start..].copy_from_slice(&file.bytes()[l.range.as_usize()]),
+                    None => out[start..].copy_from_slice(&read_range(&tree, l.file, l.range)?),
                 }
             }
         }

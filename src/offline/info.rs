@@ -125,7 +125,7 @@ pub fn info(fs: &Fs, out: &mut dyn Write) -> Result<()> {
     let mut s = String::new();
     let main = &model.files[0];
     let _ = writeln!(s, "file: {}", main.path.display());
-    let _ = writeln!(s, "size: {}", human(main.bytes().len() as u64));
+    let _ = writeln!(s, "size: {}", human(main.len()));
     match &main.kind {
         Kind::Pte(pte) => pte_info(&tree, pte, &mut s),
         Kind::Ptd(ptd) => {
@@ -556,7 +556,7 @@ fn data_files(tree: &Tree, s: &mut String) {
             "  {} ({}): {}, {holds}",
             crate::catalog::payloads::file_name(model, f),
             tree.catalog.names.file_prefix(f),
-            human(file.bytes().len() as u64),
+            human(file.len()),
         );
     }
     if data.len() > DATA_FILES_SHOWN {

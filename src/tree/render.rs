@@ -248,7 +248,10 @@ fn range_bytes_value(model: &Model, r: &ByteRange) -> Value {
     if r.len() as usize > INLINE_BYTES_SHOWN {
         json!({ "bytes": r.len() })
     } else {
-        json!(&model.files[0].bytes()[r.as_usize()])
+        match model.files[0].read(*r) {
+            Ok(bytes) => json!(&*bytes),
+            Err(e) => json!({ "error": e.to_string() }),
+        }
     }
 }
 
@@ -282,8 +285,11 @@ fn data_location(v: pte_fb::DataLocation) -> Value {
 
 fn header_json(model: &Model, file: usize) -> Value {
     let f = &model.files[file];
-    let bytes = f.bytes();
-    let identifier = String::from_utf8_lossy(&bytes[4..8]).into_owned();
+    // The identifier was checked when the file was parsed.
+    let identifier = match &f.kind {
+        Kind::Pte(_) => "ET12",
+        Kind::Ptd(_) => "FT01",
+    };
     match &f.kind {
         Kind::Pte(p) => {
             let h = &p.header;

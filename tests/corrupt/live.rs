@@ -133,7 +133,7 @@ fn truncation_while_open_of_a_large_segment_gives_eio() {
         Some(libc::EIO)
     );
     // Touch the lost pages directly, as a racing copy would: survived, then reported.
-    let bytes = tree.model.files[0].bytes();
+    let bytes = tree.model.files[0].mapped().unwrap();
     let mut sum = 0u64;
     for i in (0..bytes.len()).step_by(4096) {
         sum = sum.wrapping_add(unsafe { std::ptr::read_volatile(&bytes[i]) } as u64);

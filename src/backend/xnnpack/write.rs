@@ -49,11 +49,11 @@ fn rescale_bias(
         .map(|l| cut(l, layout.scale_nbytes()))
         .ok_or_else(|| Error::invalid(format!("{what}: its scales are not at hand")))?;
     let data_at = cut(placed.data, layout.data_nbytes());
-    let bytes = |l: &Location| &model.files[l.file].bytes()[l.range.as_usize()];
+    let bytes = |l: &Location| model.files[l.file].read_at(l);
     // Quantizer messages start with the datatype and dims themselves.
     let refuse =
         |e: QuantError| Error::invalid(format!("{filter}: its int32 bias %{id}: {}", e.message()));
-    let stored = layout.scale_values(bytes(&scales_at)).map_err(refuse)?;
+    let stored = layout.scale_values(&bytes(&scales_at)?).map_err(refuse)?;
     let mut ratios = Vec::with_capacity(stored.len());
     let mut scales = Vec::with_capacity(stored.len());
     for (c, &s) in stored.iter().enumerate() {
@@ -84,7 +84,7 @@ fn rescale_bias(
     }
     let mut data = vec![0u8; layout.data_nbytes() as usize];
     layout
-        .rescale_int32(bytes(&data_at), &ratios, &mut data)
+        .rescale_int32(&bytes(&data_at)?, &ratios, &mut data)
         .map_err(refuse)?;
     let mut scale_bytes = vec![0u8; layout.scale_nbytes() as usize];
     layout
@@ -167,8 +167,11 @@ pub fn plan_float_write(
         .as_ref()
         .and_then(|q| q.scale_ref())
         .map(|s| s.bytes);
-    let bytes_of = |l: &Location| &model.files[l.file].bytes()[l.range.as_usize()];
-    let stored = scales_at.as_ref().map_or(&[][..], bytes_of);
+    let stored = match &scales_at {
+        Some(l) => model.files[l.file].read_at(l)?,
+        None => std::borrow::Cow::Borrowed(&[][..]),
+    };
+    let stored = &*stored;
     // As many bytes as the constant has in the file (Placed checked), like the scales below.
     let mut weights = layout.blank_data();
     let mut writes = Vec::new();
