@@ -7,10 +7,10 @@
 // The generated FlatBuffers code names `alloc::` paths.
 extern crate alloc;
 
-pub mod apply;
 pub mod backend;
 pub mod catalog;
 pub mod check;
+pub mod commands;
 pub mod content;
 pub mod daemon;
 pub mod edit;
@@ -19,6 +19,6 @@ pub mod format;
 pub mod fs;
 pub mod fuse;
 pub mod guard;
-pub mod offline;
+pub mod host;
 pub mod source;
 pub mod tree;

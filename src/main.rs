@@ -13,9 +13,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
-use ptefs::apply::{apply, ApplyRequest};
-use ptefs::daemon::{self, MountRequest};
-use ptefs::offline;
+use ptefs::commands::{self, apply, ApplyRequest, MountRequest};
 use ptefs::tree::DEFAULT_MAX_NODES;
 
 /// Help of `--max-nodes`.
@@ -193,7 +191,7 @@ fn main() -> ExitCode {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match cli.command {
-        Command::Mount(a) => exit_code(daemon::mount(&MountRequest {
+        Command::Mount(a) => exit_code(commands::mount(&MountRequest {
             file: a.file,
             mountpoint: a.mountpoint,
             data: a.data,
@@ -204,7 +202,7 @@ fn main() -> ExitCode {
             log_file: a.log_file,
             max_nodes: a.max_nodes,
         })),
-        Command::Umount { mountpoint } => exit_code(daemon::umount(&mountpoint)),
+        Command::Umount { mountpoint } => exit_code(commands::umount(&mountpoint)),
         Command::Ls {
             file,
             path,
@@ -213,8 +211,8 @@ fn main() -> ExitCode {
             data,
             max_nodes,
         } => exit_code(
-            offline::open_fs_limited(&file, &data, max_nodes)
-                .and_then(|fs| offline::ls(&fs, &path, long, recursive, &mut out)),
+            commands::open_fs_limited(&file, &data, max_nodes)
+                .and_then(|fs| commands::ls(&fs, &path, long, recursive, &mut out)),
         ),
         Command::Cat {
             file,
@@ -222,16 +220,16 @@ fn main() -> ExitCode {
             data,
             max_nodes,
         } => exit_code(
-            offline::open_fs_limited(&file, &data, max_nodes)
-                .and_then(|fs| offline::cat(&fs, &path, &mut out)),
+            commands::open_fs_limited(&file, &data, max_nodes)
+                .and_then(|fs| commands::cat(&fs, &path, &mut out)),
         ),
         Command::Info {
             file,
             data,
             max_nodes,
         } => exit_code(
-            offline::open_fs_limited(&file, &data, max_nodes)
-                .and_then(|fs| offline::info(&fs, &mut out)),
+            commands::open_fs_limited(&file, &data, max_nodes)
+                .and_then(|fs| commands::info(&fs, &mut out)),
         ),
         Command::Apply {
             file,
@@ -252,7 +250,7 @@ fn main() -> ExitCode {
             data,
             max_nodes,
         } => {
-            let report = offline::check_report(&file, &data, max_nodes);
+            let report = commands::check_report(&file, &data, max_nodes);
             for line in report.defects.iter().chain(&report.advice) {
                 let _ = writeln!(out, "{line}");
             }
@@ -268,7 +266,7 @@ fn main() -> ExitCode {
                 ))
             }
         }
-        Command::Recover { file, data } => exit_code(daemon::recover(&file, &data, &mut out)),
+        Command::Recover { file, data } => exit_code(commands::recover(&file, &data, &mut out)),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "ptefs", &mut out);
             ExitCode::SUCCESS

@@ -216,7 +216,7 @@ fn relations_on_the_fixtures_that_share_bytes() {
     let open = |file: &str, data: &[&str]| {
         let dir = fixtures_dir();
         let data: Vec<PathBuf> = data.iter().map(|d| dir.join(d)).collect();
-        ptefs::offline::open_fs(&dir.join(file), &data).unwrap()
+        ptefs::commands::open_fs(&dir.join(file), &data).unwrap()
     };
     let check = |fs: &Fs, path: &str, want: &[(&str, &str)]| {
         let (_, j) = json_at(fs, &format!("{path}.json"));
@@ -400,7 +400,7 @@ fn offline_commands_refuse_a_tree_over_the_node_limit() {
     let file = write_temp(dir.path(), "big.pte", &shared_pte(1000, None));
     let model = Model::open(&file, &[] as &[PathBuf]).unwrap();
     let n = node_count(&model);
-    let err = ptefs::offline::open_fs_limited(&file, &[], n - 1)
+    let err = ptefs::commands::open_fs_limited(&file, &[], n - 1)
         .err()
         .expect("refused");
     let msg = err.to_string();
@@ -412,7 +412,7 @@ fn offline_commands_refuse_a_tree_over_the_node_limit() {
     ] {
         assert!(msg.contains(part), "{msg} lacks {part}");
     }
-    assert!(ptefs::offline::open_fs_limited(&file, &[], n).is_ok());
+    assert!(ptefs::commands::open_fs_limited(&file, &[], n).is_ok());
     for cmd in [
         vec!["ls", "-l"],
         vec!["cat", "", "header.json"],
@@ -470,7 +470,7 @@ fn a_long_key_is_shown_shortened_and_check_reports_it() {
     let bin = tree.find(&format!("named_data/{base}.bin")).unwrap();
     assert_eq!(read_all(&fs, bin, 4096).unwrap(), b"longkey!");
     let mut defects = ptefs::check::defects(&tree.model);
-    ptefs::offline::shortened_names(&tree.model, &mut defects);
+    ptefs::commands::shortened_names(&tree.model, &mut defects);
     assert_eq!(defects.len(), 1, "{defects:?}");
     assert!(
         defects[0].contains("named_data[0] key")
@@ -528,7 +528,7 @@ fn a_long_plan_name_is_shortened() {
     let (_, j) = json_at(&fs, &format!("plans/{}/plan.json", names[1]));
     assert_eq!(j["name"], json!(long));
     let mut defects = ptefs::check::defects(&tree.model);
-    ptefs::offline::shortened_names(&tree.model, &mut defects);
+    ptefs::commands::shortened_names(&tree.model, &mut defects);
     assert!(
         defects.iter().any(|d| d.starts_with("plan 1 name")),
         "{defects:?}"
@@ -846,7 +846,7 @@ fn signatures_and_info_of_huge_plans_stay_bounded() {
     assert_eq!(l["values"], json!([7, null, null, null]));
 
     let mut out = Vec::new();
-    ptefs::offline::info(&fs, &mut out).unwrap();
+    ptefs::commands::info(&fs, &mut out).unwrap();
     let text = String::from_utf8(out).unwrap();
     assert!(text.lines().count() <= 40, "{text}");
     assert!(text.len() < 8 << 10, "{text}");

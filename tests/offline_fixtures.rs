@@ -31,7 +31,7 @@ struct Ctx {
 impl Ctx {
     fn open(manifest_path: &Path) -> Ctx {
         let (file, data) = fixture_files(manifest_path);
-        let fs = ptefs::offline::open_fs(&file, &data)
+        let fs = ptefs::commands::open_fs(&file, &data)
             .unwrap_or_else(|e| panic!("{}: cannot open: {e}", file.display()));
         let tree = fs.tree();
         Ctx {
@@ -334,7 +334,7 @@ fn tree_paths_equal_the_tree_lists() {
         }
         // `ptefs ls -R` prints the same list.
         let mut out = Vec::new();
-        ptefs::offline::ls(&c.fs, "", false, true, &mut out).unwrap();
+        ptefs::commands::ls(&c.fs, "", false, true, &mut out).unwrap();
         let ls: BTreeSet<String> = String::from_utf8(out)
             .unwrap()
             .lines()
@@ -1009,10 +1009,10 @@ fn check_finds_no_defects() {
     for_each_fixture(|c| {
         let d = ptefs::check::defects(&c.tree.model);
         c.eq("check::defects", Vec::<String>::new(), d);
-        let d = ptefs::offline::check(&c.file, &c.data);
+        let d = ptefs::commands::check(&c.file, &c.data);
         c.eq("offline::check", Vec::<String>::new(), d);
         let mut out = Vec::new();
-        match ptefs::offline::info(&c.fs, &mut out) {
+        match ptefs::commands::info(&c.fs, &mut out) {
             Ok(()) if !out.is_empty() && out.ends_with(b"\n") => {}
             Ok(()) => c.err("info: empty or unterminated output".into()),
             Err(e) => c.err(format!("info: {e}")),
@@ -1085,10 +1085,10 @@ fn short_datatype(v: &Value) -> String {
 /// flatc's decoding of each payload), and a line per data file.
 #[test]
 fn info_summarises_signatures_data_files_and_xnnpack_constants() {
-    use ptefs::offline::info::human;
+    use ptefs::commands::info::human;
     for_each_fixture(|c| {
         let mut out = Vec::new();
-        ptefs::offline::info(&c.fs, &mut out).unwrap();
+        ptefs::commands::info(&c.fs, &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
         let lines: BTreeSet<&str> = text.lines().collect();
         let tables = info_tables(&text);
@@ -1296,7 +1296,7 @@ fn copies_in_different_directories_show_the_same_bytes() {
     for_each_fixture(|c| {
         let a = common::copy_files(&c.file, &c.data);
         let b = common::copy_files(&c.file, &c.data);
-        let open = |k: &common::Copied| ptefs::offline::open_fs(&k.model, &k.data).unwrap();
+        let open = |k: &common::Copied| ptefs::commands::open_fs(&k.model, &k.data).unwrap();
         let (fa, fb) = (open(&a), open(&b));
         let (wa, wb) = (walk(&fa), walk(&fb));
         let paths =
@@ -1355,7 +1355,7 @@ fn copies_in_different_directories_show_the_same_bytes() {
 #[test]
 fn text_is_deterministic_and_ends_with_newline() {
     for_each_fixture(|c| {
-        let again = ptefs::offline::open_fs(&c.file, &c.data).unwrap().tree();
+        let again = ptefs::commands::open_fs(&c.file, &c.data).unwrap().tree();
         let mut texts = HashMap::new();
         for (path, ino, kind) in walk(&c.fs) {
             if kind == FileType::Directory {

@@ -55,7 +55,7 @@ fn exercise(files: Vec<ModelFile>) {
             }
         }
     }
-    let _ = ptefs::offline::info(&fs, &mut std::io::sink());
+    let _ = ptefs::commands::info(&fs, &mut std::io::sink());
 }
 
 fuzz_target!(|data: &[u8]| {

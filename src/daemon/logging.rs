@@ -111,7 +111,7 @@ impl RuntimeLog {
     /// same pid left that file, `mount-<pid>.<n>.log` with the first `n` that is free, so
     /// each daemon's file holds its own records only.
     pub fn for_daemon(pid: i32, model: &Path, mountpoint: &Path) -> Result<RuntimeLog> {
-        let (dir, dir_path) = super::lock::runtime_dir()
+        let (dir, dir_path) = crate::host::claims::runtime_dir()
             .map_err(|e| e.context("no directory for the daemon's log file"))?;
         let taken = |name: &str| {
             !matches!(
@@ -306,7 +306,7 @@ mod tests {
     fn a_daemon_does_not_write_into_the_log_of_an_earlier_one_with_its_pid() {
         // No process has this pid (pid_max is at most 2^22).
         let pid = i32::MAX - 7;
-        let (_, dir) = super::super::lock::runtime_dir().unwrap();
+        let (_, dir) = crate::host::claims::runtime_dir().unwrap();
         let earlier = dir.join(format!("mount-{pid}.log"));
         std::fs::write(
             &earlier,

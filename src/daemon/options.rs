@@ -8,17 +8,11 @@ use fuser::{Config, MountOption, SessionACL};
 /// Worker threads answering the kernel (each with its own `/dev/fuse` descriptor).
 const WORKERS: usize = 2;
 
-/// The file-system name a mount of `file` gets unless `-o fsname=` says otherwise (the mount
-/// table shows it as the mount's source; a comma would end the option).
-pub fn fsname(file: &Path) -> String {
-    format!("ptefs:{}", file.display()).replace(',', "_")
-}
-
 /// The session configuration for `file`, and whether the mount is read-only (`--read-only`
 /// or `-o ro`).
 pub fn fuse_config(options: &[String], read_only: bool, file: &Path) -> (Config, bool) {
     let mut read_only = read_only;
-    let mut fsname = fsname(file);
+    let mut fsname = crate::host::mounts::fsname(file);
     let mut subtype = "ptefs".to_string();
     let mut acl = SessionACL::Owner;
     let mut opts = Vec::new();

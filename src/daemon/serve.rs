@@ -13,12 +13,11 @@ use std::time::Duration;
 use fuser::{Config, Session};
 
 use super::background::Ready;
-use super::lock::{Claims, FileClaim, MountLock};
-use super::mountinfo::find_mount;
-use super::unmount::unmount_path;
 use crate::error::{Error, Result};
 use crate::fs::{Fs, Options};
 use crate::fuse::FuseFs;
+use crate::host::claims::{Claims, FileClaim, MountLock};
+use crate::host::mounts::{find_mount, unmount_path};
 use crate::tree::Tree;
 
 /// What the mount's block-device info gets as readahead, so the kernel sends 1 MiB reads.

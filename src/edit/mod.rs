@@ -13,6 +13,7 @@ mod float;
 pub mod identity;
 pub mod journal;
 pub mod plan;
+pub mod recovery;
 pub mod relayout;
 pub mod validate;
 

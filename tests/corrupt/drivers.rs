@@ -69,10 +69,10 @@ pub fn use_tree(tree: Tree) -> usize {
         }
     }
     let mut out = Vec::new();
-    if let Err(e) = ptefs::offline::info(&fs, &mut out) {
+    if let Err(e) = ptefs::commands::info(&fs, &mut out) {
         assert!(!e.message().is_empty());
     }
-    ptefs::offline::ls(&fs, "", true, true, &mut Vec::new()).unwrap();
+    ptefs::commands::ls(&fs, "", true, true, &mut Vec::new()).unwrap();
     defects.len()
 }
 
@@ -185,7 +185,7 @@ pub fn refusals_from_disk_start_with_the_path() {
             }
             Ok(None) => {}
         }
-        let defects = ptefs::offline::check(&paths[0], &paths[1..]);
+        let defects = ptefs::commands::check(&paths[0], &paths[1..]);
         if defects.iter().any(|d| d.trim().is_empty()) {
             failures.push(format!("{}: an empty defect", case.name));
         }

@@ -17,7 +17,7 @@ fn truncation_while_open_gives_eio() {
         let dir = tempfile::tempdir().unwrap();
         let copy = dir.path().join(file.file_name().unwrap());
         std::fs::copy(&file, &copy).unwrap();
-        let fs = ptefs::offline::open_fs(&copy, &data).unwrap();
+        let fs = ptefs::commands::open_fs(&copy, &data).unwrap();
         let tree = fs.tree();
         let size = std::fs::metadata(&copy).unwrap().len();
         // Files whose bytes are in the model file, sorted by where they end.
@@ -77,7 +77,7 @@ fn truncation_while_open_gives_eio() {
         assert!(!read_all(&fs, header, 1 << 20).unwrap().is_empty());
         // `cat` of a truncated tensor fails with a message, not a crash.
         let mut out = Vec::new();
-        let e = ptefs::offline::cat(&fs, &ranged[0].0, &mut out).unwrap_err();
+        let e = ptefs::commands::cat(&fs, &ranged[0].0, &mut out).unwrap_err();
         assert!(!e.message().is_empty());
         tried += 1;
     }
@@ -107,7 +107,7 @@ fn truncation_while_open_of_a_large_segment_gives_eio() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("big.pte");
     std::fs::write(&path, &b).unwrap();
-    let fs = ptefs::offline::open_fs(&path, &[] as &[PathBuf]).unwrap();
+    let fs = ptefs::commands::open_fs(&path, &[] as &[PathBuf]).unwrap();
     let tree = fs.tree();
     let n = tree.children(tree.find("segments").unwrap()).unwrap().len();
     let seg = tree.find(&format!("segments/{}", n - 1)).unwrap();

@@ -1,4 +1,5 @@
-//! The kernel's mount table (`/proc/self/mountinfo`): which mount sits at a path.
+//! The kernel's mount table (`/proc/self/mountinfo`): which mount sits at a path, the name
+//! a ptefs mount shows there, and unmounting (`umount(2)` as root, else fusermount).
 
 use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -77,7 +78,7 @@ pub fn find_mount(path: &Path) -> Option<MountEntry> {
 /// mounts it, naming the mountpoint. Claims (`lock`) are per user: this also finds the
 /// daemons of other users, and mounts whose daemon has exited.
 pub fn refuse_if_mounted(file: &Path) -> Result<()> {
-    let name = super::options::fsname(file);
+    let name = fsname(file);
     match table()
         .into_iter()
         .find(|e| e.fstype.starts_with("fuse") && e.source == name)
@@ -112,6 +113,68 @@ pub fn absolute(path: &Path) -> PathBuf {
 /// A path as bytes, for the C calls that take one.
 pub fn c_path(path: &Path) -> Option<std::ffi::CString> {
     std::ffi::CString::new(path.as_os_str().as_bytes()).ok()
+}
+
+/// The file-system name a mount of `file` gets unless `-o fsname=` says otherwise (the mount
+/// table shows it as the mount's source; a comma would end the option).
+pub fn fsname(file: &Path) -> String {
+    format!("ptefs:{}", file.display()).replace(',', "_")
+}
+
+fn run_fusermount(path: &Path, lazy: bool) -> Result<()> {
+    let mut last = String::from("neither fusermount3 nor fusermount was found");
+    for tool in ["fusermount3", "fusermount"] {
+        let mut cmd = std::process::Command::new(tool);
+        cmd.arg("-u");
+        if lazy {
+            cmd.arg("-z");
+        }
+        cmd.arg("--").arg(path);
+        match cmd.output() {
+            Ok(out) if out.status.success() => return Ok(()),
+            Ok(out) => {
+                return Err(Error::new(
+                    libc::EBUSY,
+                    String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                ));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => last = format!("{tool}: {e}"),
+        }
+    }
+    Err(Error::new(libc::ENOENT, last))
+}
+
+/// Unmounts `path`; `lazy` detaches a busy mount.
+pub fn unmount_path(path: &Path, lazy: bool) -> Result<()> {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        let c = c_path(path).ok_or_else(|| Error::invalid("a path with a NUL byte"))?;
+        let flags = if lazy { libc::MNT_DETACH } else { 0 };
+        // SAFETY: a valid C string.
+        if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EPERM) {
+            return Err(Error::io(path.display(), e));
+        }
+    }
+    run_fusermount(path, lazy)
+}
+
+/// Whether the FUSE mount at `path` has lost its daemon: the kernel answers what it must
+/// ask the daemon with `ENOTCONN`. `statfs` is always asked (attributes may come from the
+/// kernel's cache for an hour).
+pub fn daemon_gone(path: &Path) -> bool {
+    let Some(c) = c_path(path) else {
+        return false;
+    };
+    // SAFETY: zeroed memory is a valid statfs buffer.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid C string and buffer.
+    let r = unsafe { libc::statfs(c.as_ptr(), &mut st) };
+    r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOTCONN)
 }
 
 #[cfg(test)]

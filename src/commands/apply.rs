@@ -16,11 +16,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::catalog::Catalog;
-use crate::daemon::{lock, recovery};
+use crate::edit::recovery;
 use crate::edit::{self, bulk, Source};
 use crate::error::{Error, Result};
 use crate::format::safetensors::Entry;
 use crate::format::Model;
+use crate::host::claims;
 
 /// What `ptefs apply` was asked.
 #[derive(Debug, Clone)]
@@ -68,16 +69,16 @@ fn entries_of(catalog: &Catalog, named: &[String]) -> Result<Vec<Entry>> {
 
 /// Runs `ptefs apply`, printing what changed (or would) to `out`.
 pub fn apply(req: &ApplyRequest, out: &mut dyn Write) -> Result<bulk::Summary> {
-    let (file, data) = crate::daemon::canonical_files(&req.file, &req.data)?;
+    let (file, data) = crate::host::canonical_files(&req.file, &req.data)?;
     let paths: Vec<&PathBuf> = std::iter::once(&file).chain(&data).collect();
-    let claims = lock::Claims::new(
+    let claims = claims::Claims::new(
         paths
             .iter()
-            .map(|p| lock::claim_file(p, lock::Holder::Apply))
+            .map(|p| claims::claim_file(p, claims::Holder::Apply))
             .collect::<Result<Vec<_>>>()?,
     );
     if req.dry_run {
-        for warning in crate::offline::interrupted_commits(&file, &data) {
+        for warning in recovery::interrupted_commits(&file, &data) {
             eprintln!("ptefs: warning: {warning}");
         }
     } else {

@@ -1,0 +1,64 @@
+//! The commands of the command line, one module each: `mount` and `umount`, the commands
+//! that work without FUSE on the same core as a mount (`ls`, `cat`, `info`, `check`), and
+//! those that change or repair files (`apply`, `recover`). What several commands share
+//! lives below them: file claims and the mount table in `crate::host`, journal recovery in
+//! `crate::edit::recovery`.
+//!
+//! Invariant: a command never reads a model otherwise than a mount would: the offline ones
+//! walk the same `Tree` and read through the same `fs::Fs`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub mod apply;
+pub mod cat;
+pub mod check;
+pub mod info;
+pub mod ls;
+pub mod mount;
+pub mod recover;
+pub mod umount;
+
+pub use apply::{apply, ApplyRequest};
+pub use cat::cat;
+pub use check::{check, check_limited, check_report, shortened_names, CheckReport};
+pub use info::info;
+pub use ls::ls;
+pub use mount::{mount, MountRequest};
+pub use recover::recover;
+pub use umount::umount;
+
+use crate::edit::recovery::interrupted_commits;
+use crate::error::{Error, Result};
+use crate::format::Model;
+use crate::fs::{Fs, Options};
+use crate::tree::{Ino, Tree, DEFAULT_MAX_NODES};
+
+/// The tree of `file` (with `data` attached), read-only, within the default node limit.
+pub fn open_fs(file: &Path, data: &[PathBuf]) -> Result<Fs> {
+    open_fs_limited(file, data, DEFAULT_MAX_NODES)
+}
+
+/// The tree of `file`, refused when it would have more than `max_nodes` nodes.
+pub fn open_fs_limited(file: &Path, data: &[PathBuf], max_nodes: u64) -> Result<Fs> {
+    for warning in interrupted_commits(file, data) {
+        log::warn!("{warning}");
+        eprintln!("ptefs: warning: {warning}");
+    }
+    let model = Model::open(file, data)?;
+    Ok(Fs::new(
+        Tree::build_limited(Arc::new(model), max_nodes)?,
+        Options { read_only: true },
+    ))
+}
+
+fn find(fs: &Fs, path: &str) -> Result<Ino> {
+    fs.tree()
+        .find(path)
+        .ok_or_else(|| Error::not_found(format!("{path} (in the tree)")))
+}
+
+/// Output errors (a closed pipe, a full disk) as errors of the command.
+fn output(e: std::io::Error) -> Error {
+    Error::io("standard output", e)
+}

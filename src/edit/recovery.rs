@@ -1,0 +1,70 @@
+//! Finishing interrupted commits: journals are replayed or discarded, and files left by an
+//! interrupted re-layout are removed. A mount does this before it serves (each action is
+//! logged and, when the daemon will leave the terminal, printed); `ptefs recover` and
+//! `ptefs apply` do it without FUSE; `ls`, `info` and `check` only report what is pending.
+//!
+//! Invariant: the trust rules are those of `journal::recover` whoever calls it (a journal
+//! that is not one this file's commits wrote is left in place, and the file is not touched).
+
+use std::path::{Path, PathBuf};
+
+use super::{journal, relayout};
+use crate::error::Result;
+
+/// Finishes the interrupted commits of `path`; returns what was done, one sentence each
+/// (nothing when no commit was interrupted).
+pub fn finish(path: &Path) -> Result<Vec<String>> {
+    let mut said = Vec::new();
+    match journal::recover(path)
+        .map_err(|e| e.context(format!("{}: journal recovery failed", path.display())))?
+    {
+        journal::Recovery::None => {}
+        journal::Recovery::Replayed { ranges, bytes } => said.push(format!(
+            "{}: finished an interrupted commit from its journal ({bytes} bytes in {ranges} range(s))",
+            path.display()
+        )),
+        journal::Recovery::Discarded(why) => said.push(format!(
+            "{}: discarded the journal of an interrupted commit ({why}); the file is unchanged",
+            path.display()
+        )),
+    }
+    said.extend(relayout::remove_stale(path));
+    Ok(said)
+}
+
+/// `finish`, with each action logged and, when `announce`, printed to stderr.
+pub fn recover(path: &Path, announce: bool) -> Result<()> {
+    for msg in finish(path)? {
+        log::warn!("{msg}");
+        if announce {
+            eprintln!("ptefs: {msg}");
+        }
+    }
+    Ok(())
+}
+
+/// Journals left beside the files, judged as `ptefs recover` judges them: a whole one means
+/// the file may hold a partly written range until it is replayed; a torn one is discarded;
+/// one that no commit of this file can have written is refused, and only a person can
+/// decide what to do with it.
+pub fn interrupted_commits(file: &Path, data: &[PathBuf]) -> Vec<String> {
+    use crate::edit::journal::{journal_path, pending, Pending};
+    std::iter::once(file)
+        .chain(data.iter().map(PathBuf::as_path))
+        .filter_map(|path| {
+            let j = journal_path(path).display().to_string();
+            let f = path.display();
+            Some(match pending(path).transpose()? {
+                Ok(Pending::Whole { ranges, bytes }) => format!(
+                    "{j}: an interrupted commit left this journal ({bytes} bytes in {ranges} range(s)), so {f} may hold partly written bytes: run `ptefs recover {f}` (or mount the file once) to finish it"
+                ),
+                Ok(Pending::Torn(why)) => format!(
+                    "{j}: {why}; the commit that wrote it did not start changing {f}: `ptefs recover {f}` (or a mount) removes it"
+                ),
+                Err(refusal) => format!(
+                    "{refusal}; `ptefs recover` and mounts refuse {f} until it is gone"
+                ),
+            })
+        })
+        .collect()
+}
