@@ -64,7 +64,60 @@ pub enum WriteTarget {
     },
 }
 
+/// The largest size a named blob, a delegate payload or a scratch file can be given.
+pub const MAX_RESIZABLE: u64 = 16 << 30;
+
+/// Room allowed for a `.npy` header in front of a tensor's bytes.
+const NPY_HEADER_MAX: u64 = 1 << 20;
+
 impl WriteTarget {
+    /// How large new content written to the file at `path` may become, and why;
+    /// `current` is the file's size now. Larger content can never be valid, so staging
+    /// refuses it before holding it.
+    pub fn size_limit(&self, path: &str, current: u64) -> (u64, String) {
+        let holds = |len: u64, what: &dyn std::fmt::Display| {
+            (len, format!("{path} holds the {len} bytes of {what}"))
+        };
+        let npy = |len: u64, what: &dyn std::fmt::Display| {
+            (
+                len + NPY_HEADER_MAX,
+                format!("{path} holds a .npy header and the {len} bytes of {what}"),
+            )
+        };
+        match self {
+            WriteTarget::TensorBin {
+                location, shape, ..
+            } => holds(location.range.len(), &shape.describe()),
+            WriteTarget::PayloadConstant { location, what, .. } => {
+                holds(location.range.len(), what)
+            }
+            WriteTarget::TensorNpy {
+                location, shape, ..
+            } => npy(location.range.len(), &shape.describe()),
+            WriteTarget::PayloadConstantNpy { location, what, .. } => {
+                npy(location.range.len(), what)
+            }
+            WriteTarget::Segment {
+                location, index, ..
+            } => (
+                location.range.len(),
+                format!("segment {index} keeps its size"),
+            ),
+            WriteTarget::Blob { .. } | WriteTarget::DelegatePayload { .. } => (
+                MAX_RESIZABLE,
+                format!("{path}: named data and delegate payloads grow to at most 16 GiB"),
+            ),
+            WriteTarget::Weights { .. } => (
+                current.saturating_add(super::safetensors::MAX_HEADER),
+                format!("{path} holds its header and the bytes of the tensors it shows"),
+            ),
+            WriteTarget::PayloadConstantF32 { .. } => (
+                current.saturating_add(NPY_HEADER_MAX),
+                format!("{path} holds a .npy header and the float32 view it shows"),
+            ),
+        }
+    }
+
     /// The files a commit of this target may change (besides those whose bytes the node
     /// shows, which it may change too).
     pub fn files(&self) -> Vec<FileIndex> {

@@ -13,7 +13,7 @@ use super::Fs;
 use crate::edit::{self, Outcome, Source};
 use crate::error::{Error, Result};
 use crate::format::layout::Location;
-use crate::format::Model;
+use crate::format::{Model, WriteTarget};
 use crate::tree::{Ino, Tree};
 
 /// Whether the tree of `old` still describes the file after `outcome`: an in-place write
@@ -74,28 +74,49 @@ pub fn reload(tree: &Tree) -> Result<Tree> {
     Ok(Tree::build(Arc::new(model)))
 }
 
+/// What a commit does with content that is not a valid whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Invalid {
+    /// Refuses it: the error says why (`close`, `rename`, `truncate`).
+    Refuse,
+    /// Leaves it staged and writes nothing (`fsync` of partial content).
+    Wait,
+}
+
 impl Fs {
-    /// Commits `staged` as the new content of tree file `ino`.
-    pub(super) fn commit_staged(&self, ino: Ino, staged: &Staged) -> Result<Invalidate> {
+    /// What a write to tree file `ino` means, or why it cannot be written.
+    pub(super) fn write_target<'t>(&self, tree: &'t Tree, ino: Ino) -> Result<&'t WriteTarget> {
+        tree.node(ino)
+            .ok_or_else(|| Error::not_found(format!("inode {ino}")))?
+            .write
+            .as_ref()
+            .ok_or_else(|| self.not_writable(tree, ino))
+    }
+
+    /// Commits `staged` as the new content of tree file `ino`; None when the content is not
+    /// a valid whole and `invalid` says to wait.
+    pub(super) fn commit_staged(
+        &self, ino: Ino, staged: &Staged, invalid: Invalid,
+    ) -> Result<Option<Invalidate>> {
         let _one_at_a_time = self.commit_lock.lock().unwrap_or_else(|e| e.into_inner());
-        self.commit_bytes(ino, staged.source())
+        self.commit_bytes(ino, staged.source(), invalid)
     }
 
     /// Validates `data` as the new content of tree file `ino`, writes it, and switches to
     /// the new snapshot. The caller holds `commit_lock`.
-    fn commit_bytes(&self, ino: Ino, data: Source) -> Result<Invalidate> {
+    fn commit_bytes(&self, ino: Ino, data: Source, invalid: Invalid) -> Result<Option<Invalidate>> {
         let tree = self.tree();
-        let node = tree
-            .node(ino)
-            .ok_or_else(|| Error::not_found(format!("inode {ino}")))?;
-        let target = node
-            .write
-            .clone()
-            .ok_or_else(|| self.not_writable(&tree, ino))?;
+        let target = self.write_target(&tree, ino)?;
         let path = tree.path(ino);
+        let plan = match edit::validate::plan(&tree.catalog, target, data) {
+            Ok(plan) => plan,
+            Err(_) if invalid == Invalid::Wait => return Ok(None),
+            Err(e) => return Err(e.context(&path)),
+        };
         // Readers of the mapped bytes wait while they change in place (see `read_with`).
         let exclusive = || self.gate.write().unwrap_or_else(|e| e.into_inner());
-        let outcome = edit::commit(&tree.catalog, &target, data, exclusive, &*self.watcher)
+        let outcome = edit::identity::separate(&tree.model, plan)
+            .and_then(|plan| edit::commit_plan(&tree.model, plan, exclusive, &*self.watcher))
             .map_err(|e| e.context(&path))?;
         let mut inval = invalidations(&tree, &outcome);
         if outcome_keeps_structure(&tree, &outcome) {
@@ -123,7 +144,7 @@ impl Fs {
             self.replace_tree(new_tree);
         }
         log::info!("committed {path} ({} bytes, {outcome:?})", data.len());
-        Ok(inval)
+        Ok(Some(inval))
     }
 
     pub(super) fn not_writable(&self, tree: &Tree, ino: Ino) -> Error {

@@ -25,20 +25,16 @@
 use std::ffi::OsStr;
 use std::sync::Arc;
 
+use super::commit::Invalid;
 use super::handles::{lock, Handle, Target};
 use super::hidden::Process;
 use super::invalidate::Invalidate;
 use super::staging::Staged;
 use super::{not_found_in, not_utf8, scratch, utf8, Attr, Fs, Opened};
 use crate::error::{Error, Result};
-use crate::format::WriteTarget;
 use crate::tree::{Ino, Tree};
 
-/// The largest size a named blob, a delegate payload or a scratch file can be given.
-pub const MAX_RESIZABLE: u64 = 16 << 30;
-
-/// Room allowed for a `.npy` header in front of a tensor's bytes.
-const NPY_HEADER_MAX: u64 = 1 << 20;
+pub use crate::format::target::MAX_RESIZABLE;
 
 /// What `Fs::setattr` may change.
 #[derive(Debug, Default, Clone, Copy)]
@@ -64,61 +60,6 @@ pub enum RenameMode {
 
 fn wants_write(flags: i32) -> bool {
     matches!(flags & libc::O_ACCMODE, libc::O_WRONLY | libc::O_RDWR)
-}
-
-/// How large the content of a writable file may become, and why.
-fn size_limit(target: &WriteTarget, path: &str, current: u64) -> (u64, String) {
-    match target {
-        WriteTarget::TensorBin {
-            location, shape, ..
-        } => (
-            location.range.len(),
-            format!(
-                "{path} holds the {} bytes of {}",
-                location.range.len(),
-                shape.describe()
-            ),
-        ),
-        WriteTarget::TensorNpy {
-            location, shape, ..
-        } => (
-            location.range.len() + NPY_HEADER_MAX,
-            format!(
-                "{path} holds a .npy header and the {} bytes of {}",
-                location.range.len(),
-                shape.describe()
-            ),
-        ),
-        WriteTarget::Segment {
-            location, index, ..
-        } => (
-            location.range.len(),
-            format!("segment {index} keeps its size"),
-        ),
-        WriteTarget::Blob { .. } | WriteTarget::DelegatePayload { .. } => (
-            MAX_RESIZABLE,
-            format!("{path}: named data and delegate payloads grow to at most 16 GiB"),
-        ),
-        WriteTarget::PayloadConstant { location, what, .. } => (
-            location.range.len(),
-            format!("{path} holds the {} bytes of {what}", location.range.len()),
-        ),
-        WriteTarget::PayloadConstantNpy { location, what, .. } => (
-            location.range.len() + NPY_HEADER_MAX,
-            format!(
-                "{path} holds a .npy header and the {} bytes of {what}",
-                location.range.len()
-            ),
-        ),
-        WriteTarget::Weights { .. } => (
-            current.saturating_add(crate::format::safetensors::MAX_HEADER),
-            format!("{path} holds its header and the bytes of the tensors it shows"),
-        ),
-        WriteTarget::PayloadConstantF32 { .. } => (
-            current.saturating_add(NPY_HEADER_MAX),
-            format!("{path} holds a .npy header and the float32 view it shows"),
-        ),
-    }
 }
 
 impl Fs {
@@ -160,14 +101,8 @@ impl Fs {
 
     /// Empty staged content for writable tree file `ino`, with its size limit.
     fn new_staged(&self, tree: &Tree, ino: Ino) -> Result<Staged> {
-        let node = tree
-            .node(ino)
-            .ok_or_else(|| Error::not_found(format!("inode {ino}")))?;
-        let target = node
-            .write
-            .as_ref()
-            .ok_or_else(|| self.not_writable(tree, ino))?;
-        let (limit, why) = size_limit(target, &tree.path(ino), tree.size(ino));
+        let target = self.write_target(tree, ino)?;
+        let (limit, why) = target.size_limit(&tree.path(ino), tree.size(ino));
         Ok(Staged::new(limit, why, self.spill.clone()))
     }
 
@@ -430,7 +365,8 @@ impl Fs {
         staged
             .set_len(size)
             .map_err(|e| e.context(tree.path(ino)))?;
-        self.commit_staged(ino, &staged)
+        self.commit_staged(ino, &staged, Invalid::Refuse)
+            .map(Option::unwrap_or_default)
     }
 
     /// `close()`: commits what this handle changed since its last commit, or returns why
@@ -452,36 +388,34 @@ impl Fs {
         // A duplicate descriptor closed after its twin (NumPy's `tofile`, a shell's
         // redirection) gets the same refusal for the same content: it was logged already.
         let repeated = h.refused;
-        let result = self.commit_handle(ino, &mut h).map_err(|e| {
-            if repeated {
-                e.with_level(log::Level::Debug)
-            } else {
-                e
-            }
-        });
+        let result = self
+            .commit_handle(ino, &mut h, Invalid::Refuse)
+            .map_err(|e| {
+                if repeated {
+                    e.with_level(log::Level::Debug)
+                } else {
+                    e
+                }
+            });
         drop(h);
         self.publish(ino, result.map(|inval| ((), inval)))
     }
 
     /// `fsync()`: commits the handle's content when it is a valid whole; partial content is
-    /// left staged and the call succeeds.
+    /// left staged and the call succeeds. The content is validated once: a valid whole is
+    /// committed with the plan its validation made.
     pub fn fsync(&self, fh: u64) -> Result<()> {
         let shared = self.handles.get(fh)?;
         let mut h = lock(&shared);
         let Target::Tree(ino) = h.target else {
             return Ok(());
         };
-        if !h.dirty || !self.staged_is_valid(ino, &h) {
+        if !h.dirty {
             return Ok(());
         }
-        let result = self.commit_handle(ino, &mut h);
+        let result = self.commit_handle(ino, &mut h, Invalid::Wait);
         drop(h);
         self.publish(ino, result.map(|inval| ((), inval)))
-    }
-
-    /// Whether `h`'s staged content would pass validation as the new content of `ino`.
-    fn staged_is_valid(&self, ino: Ino, h: &Handle) -> bool {
-        self.validate_staged(ino, h).is_ok()
     }
 
     /// Why `h`'s staged content would not pass validation as the new content of `ino`.
@@ -491,26 +425,25 @@ impl Fs {
             .staged
             .as_ref()
             .ok_or_else(|| Error::new(libc::EIO, "nothing staged"))?;
-        let target = tree
-            .node(ino)
-            .and_then(|n| n.write.as_ref())
-            .ok_or_else(|| self.not_writable(&tree, ino))?;
+        let target = self.write_target(&tree, ino)?;
         crate::edit::validate(&tree.catalog, target, staged.source())
             .map_err(|e| e.context(tree.path(ino)))
     }
 
-    /// Commits the staged content of handle `h` (writing tree file `ino`) if it changed.
-    fn commit_handle(&self, ino: Ino, h: &mut Handle) -> Result<Invalidate> {
+    /// Commits the staged content of handle `h` (writing tree file `ino`) if it changed;
+    /// content that is not a valid whole is refused, or with `Invalid::Wait` left staged.
+    fn commit_handle(&self, ino: Ino, h: &mut Handle, invalid: Invalid) -> Result<Invalidate> {
         if !h.dirty {
             return Ok(Invalidate::default());
         }
         let staged = h.staged.as_ref().expect("a changed handle holds content");
-        match self.commit_staged(ino, staged) {
-            Ok(inval) => {
+        match self.commit_staged(ino, staged, invalid) {
+            Ok(Some(inval)) => {
                 h.dirty = false;
                 h.refused = false;
                 Ok(inval)
             }
+            Ok(None) => Ok(Invalidate::default()),
             Err(e) => {
                 h.refused = true;
                 Err(e)
@@ -524,7 +457,7 @@ impl Fs {
         if h.refused {
             return Ok(Invalidate::default());
         }
-        self.commit_handle(ino, h)
+        self.commit_handle(ino, h, Invalid::Refuse)
     }
 
     /// Last close of a handle: commits what it still changed, then forgets it.
@@ -621,7 +554,9 @@ impl Fs {
                 return Err(self.not_writable(tree, dst));
             }
             let content = self.scratch_content(src)?;
-            let mut inval = self.commit_staged(dst, &scratch::lock(&content))?;
+            let mut inval = self
+                .commit_staged(dst, &scratch::lock(&content), Invalid::Refuse)?
+                .unwrap_or_default();
             if dst_hidden {
                 self.hidden.show(&tree.path(dst));
             }
