@@ -18,7 +18,7 @@ use std::sync::Arc;
 use crate::daemon::{lock, recovery};
 use crate::edit::{self, bulk, Source};
 use crate::error::{Error, Result};
-use crate::format::safetensors::Entry;
+use crate::format::safetensors::{Entry, Header, HeaderBound};
 use crate::format::Model;
 use crate::tree::{Content, Tree};
 
@@ -32,26 +32,29 @@ pub struct ApplyRequest {
     pub max_nodes: u64,
 }
 
-/// The tensors of every `weights.safetensors` of `tree`, refusing names that more than one
-/// file uses when the update names them.
-fn entries_of(tree: &Tree, model: &Model, named: &[String]) -> Result<Vec<Entry>> {
+/// The tensors of every `weights.safetensors` of `tree`.
+fn entries_of(tree: &Tree) -> Vec<Entry> {
     let mut entries: Vec<Entry> = Vec::new();
-    let mut files_of: HashMap<String, Vec<usize>> = HashMap::new();
     for node in &tree.nodes {
         if let Content::Weights(w) = &node.content {
-            for e in tree.weights(w).entries.iter() {
-                files_of
-                    .entry(e.name.clone())
-                    .or_default()
-                    .push(e.location.file);
-                entries.push(e.clone());
-            }
+            entries.extend(tree.weights(w).entries.iter().cloned());
         }
     }
-    let ambiguous: Vec<String> = named
+    entries
+}
+
+/// Refuses an update naming tensors that more than one file has.
+fn refuse_ambiguous(entries: &[Entry], model: &Model, header: &Header) -> Result<()> {
+    let mut files_of: HashMap<&str, Vec<usize>> = HashMap::new();
+    for e in entries {
+        files_of.entry(&e.name).or_default().push(e.location.file);
+    }
+    let ambiguous: Vec<String> = header
+        .tensors
         .iter()
-        .filter_map(|n| {
-            let files = files_of.get(n).filter(|f| f.len() > 1)?;
+        .filter_map(|t| {
+            let n = &t.name;
+            let files = files_of.get(n.as_str()).filter(|f| f.len() > 1)?;
             let paths: Vec<String> = files
                 .iter()
                 .map(|&f| model.files[f].path.display().to_string())
@@ -65,7 +68,7 @@ fn entries_of(tree: &Tree, model: &Model, named: &[String]) -> Result<Vec<Entry>
             ambiguous.join("; ")
         )));
     }
-    Ok(entries)
+    Ok(())
 }
 
 /// Runs `ptefs apply`, printing what changed (or would) to `out`.
@@ -107,8 +110,6 @@ pub fn apply(req: &ApplyRequest, out: &mut dyn Write) -> Result<bulk::Summary> {
         offset: 0,
         len: meta.len(),
     };
-    let header = bulk::read_header(source).map_err(|e| e.context(req.update.display()))?;
-    let named: Vec<String> = header.tensors.iter().map(|t| t.name.clone()).collect();
 
     let model = if req.dry_run {
         Model::open(&file, &data)?
@@ -117,8 +118,12 @@ pub fn apply(req: &ApplyRequest, out: &mut dyn Write) -> Result<bulk::Summary> {
     };
     let model = Arc::new(model);
     let tree = Tree::build_limited(model.clone(), req.max_nodes)?;
-    let entries = entries_of(&tree, &model, &named)?;
-    let (plan, summary) = bulk::plan(&model, &entries, source)
+    let entries = entries_of(&tree);
+    // The header is read once the model's tensors say how large it may be.
+    let header = bulk::read_header(source, &HeaderBound::of(&entries))
+        .map_err(|e| e.context(req.update.display()))?;
+    refuse_ambiguous(&entries, &model, &header)?;
+    let (plan, summary) = bulk::plan_header(&model, &entries, &header, source)
         .and_then(|(plan, summary)| Ok((edit::identity::separate(&model, plan)?, summary)))
         .map_err(|e| e.context(req.update.display()))?;
     if !req.dry_run {

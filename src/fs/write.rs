@@ -31,6 +31,7 @@ use super::invalidate::Invalidate;
 use super::staging::Staged;
 use super::{not_found_in, not_utf8, scratch, utf8, Attr, Fs, Opened};
 use crate::error::{Error, Result};
+use crate::format::safetensors::{HeaderBound, MAX_HEADER};
 use crate::format::WriteTarget;
 use crate::tree::{Ino, Tree};
 
@@ -110,10 +111,25 @@ fn size_limit(target: &WriteTarget, path: &str, current: u64) -> (u64, String) {
                 location.range.len()
             ),
         ),
-        WriteTarget::Weights { .. } => (
-            current.saturating_add(crate::format::safetensors::MAX_HEADER),
-            format!("{path} holds its header and the bytes of the tensors it shows"),
-        ),
+        WriteTarget::Weights { entries, .. } => match entries.get() {
+            // An update names each tensor at most once, and its header is refused beyond
+            // what they can need: past both, no write can be part of a valid update.
+            Some(entries) => {
+                let bound = HeaderBound::of(entries);
+                let data = entries.iter().map(|e| e.location.range.len()).sum::<u64>();
+                (
+                    data.saturating_add(8 + bound.bytes),
+                    format!(
+                        "{path} takes a header of at most {} bytes for its {} tensor(s) and their {data} bytes",
+                        bound.bytes, bound.tensors
+                    ),
+                )
+            }
+            None => (
+                current.saturating_add(MAX_HEADER),
+                format!("{path} holds its header and the bytes of the tensors it shows"),
+            ),
+        },
         WriteTarget::PayloadConstantF32 { .. } => (
             current.saturating_add(NPY_HEADER_MAX),
             format!("{path} holds a .npy header and the float32 view it shows"),
