@@ -200,3 +200,70 @@ fn apply_refuses_while_the_file_is_mounted_naming_the_mountpoint() {
     );
     assert_eq!(std::fs::read(&m.model).unwrap(), before);
 }
+
+/// Runs `ptefs <args>` to its end: success, stderr, and its peak resident memory in bytes
+/// (its own, from wait4, not the test's other children's).
+// The child is reaped by wait4, which clippy does not see.
+#[allow(clippy::zombie_processes)]
+fn ptefs_peak(args: &[&str]) -> (bool, String, u64) {
+    use std::io::Read;
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let (mut status, mut usage) = (0, unsafe { std::mem::zeroed::<libc::rusage>() });
+    // SAFETY: waits for this test's own child, which std has not reaped.
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as i32);
+    let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    (ok, err, (usage.ru_maxrss as u64) << 10)
+}
+
+/// A 97 MB header of 1.68 million empty tensors, for a model of 8: refused from its first
+/// 8 bytes, in the user's terms, with `apply` never larger than the model justifies (it
+/// took 2.7 GiB and 24 s when a header was bounded by the format's 100 MB alone).
+#[test]
+fn a_header_larger_than_the_model_can_need_is_refused_before_it_is_read() {
+    let c = copy_fixture("dtypes.pte");
+    let update = c.root.join("update.safetensors");
+    // Written as it is made: the peak wait4 reports includes the test's own at the spawn.
+    const COUNT: usize = 1_680_000;
+    let entry = |i: usize| format!(r#""{i:07}":{{"dtype":"U8","shape":[0],"data_offsets":[0,0]}}"#);
+    let json_len = 2 + COUNT * (entry(0).len() + 1) - 1;
+    let padded = json_len.next_multiple_of(8);
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&update).unwrap());
+    let mut put = |b: &[u8]| std::io::Write::write_all(&mut out, b).unwrap();
+    put(&(padded as u64).to_le_bytes());
+    put(b"{");
+    for i in 0..COUNT {
+        if i > 0 {
+            put(b",");
+        }
+        put(entry(i).as_bytes());
+    }
+    put(b"}");
+    put(&vec![b' '; padded - json_len]);
+    drop(out);
+    let before = std::fs::read(&c.model).unwrap();
+    let (ok, err, peak) = ptefs_peak(&apply_args(&c, &update, &[]));
+    assert!(!ok);
+    assert!(
+        err.contains(
+            "the header declares 92.9 MiB, more than this model's 8 tensor(s) can need (at most"
+        ),
+        "{err}"
+    );
+    eprintln!("apply peak RSS: {} MiB", peak >> 20);
+    assert!(peak < 64 << 20, "apply peak RSS {} MiB", peak >> 20);
+    assert_eq!(std::fs::read(&c.model).unwrap(), before);
+}

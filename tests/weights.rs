@@ -19,7 +19,7 @@ use std::process::Command;
 
 use common::mount::{py, py_errno, run, text, Mount, BIN};
 use common::safetensors::{self as st, layer_name, many_tensor_ptd};
-use common::{copy_fixture, fixtures_dir, fuse_missing, pattern, sha256_hex};
+use common::{copy_fixture, fuse_missing, pattern, sha256_hex};
 use serde_json::Value;
 
 /// A copy of fixture `name` mounted with `--log-file`; the log is in the copy's directory.
@@ -471,6 +471,23 @@ fn malformed_safetensors_are_refused_at_close_and_change_nothing() {
 
 // Spilled staging and memory.
 
+/// Writes a `.ptd` at `path` whose `weights.safetensors` takes more than 65 MiB: an update
+/// may be no larger than the tensors it can name and the header they can need, so the
+/// tests of spilled staging need a model this large.
+fn spilling_model(path: &Path) {
+    many_tensor_ptd(path, 2, 3000, |i, c| c.fill(i as u8));
+}
+
+/// A `spilling_model` in a new temp dir, mounted there.
+fn mounted_spilling_model() -> Mount {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().canonicalize().unwrap().join("spill.ptd");
+    spilling_model(&model);
+    let mut m = Mount::unmounted(dir, model, vec![], &[]);
+    m.mount();
+    m
+}
+
 /// Writes 65 MiB of zeros through `f`, 1 MiB at a time: past what an open file stages in
 /// memory.
 fn write_past_memory(f: &mut std::fs::File) {
@@ -573,7 +590,7 @@ fn spilled_staging_is_an_unnamed_0600_file_in_the_models_directory() {
     if fuse_missing() {
         return;
     }
-    let (m, _log) = mounted("linear.pte");
+    let m = mounted_spilling_model();
     let dir = m.model.parent().unwrap().to_path_buf();
     let before = files_of(&m);
     let names = names_in(&dir);
@@ -611,11 +628,13 @@ fn spilled_staging_goes_to_tmpdir_when_the_models_directory_refuses() {
     if fuse_missing() {
         return;
     }
-    let c = copy_fixture("linear.pte");
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let model = root.join("spill.ptd");
+    spilling_model(&model);
     let tmpdir = tempfile::tempdir().unwrap();
     let tmpdir = tmpdir.path().canonicalize().unwrap();
-    let root = c.root.clone();
-    let mut m = Mount::unmounted(c.dir, c.model, c.data, &[]);
+    let mut m = Mount::unmounted(dir, model, vec![], &[]);
     let out = run(m.mount_command().env("TMPDIR", &tmpdir));
     assert!(out.status.success(), "{}", text(&out.stderr));
     m.live = true;
@@ -638,7 +657,7 @@ fn spilled_staging_follows_no_link_planted_where_the_models_directory_was() {
     if fuse_missing() {
         return;
     }
-    // root/models/linear.pte is mounted; then root/models is moved away and a link to
+    // root/models/spill.ptd is mounted; then root/models is moved away and a link to
     // root/elsewhere put in its place. The daemon keeps the directory it opened at mount.
     let top = tempfile::tempdir().unwrap();
     let root = top.path().canonicalize().unwrap();
@@ -646,8 +665,8 @@ fn spilled_staging_follows_no_link_planted_where_the_models_directory_was() {
     let elsewhere = root.join("elsewhere");
     std::fs::create_dir(&models).unwrap();
     std::fs::create_dir(&elsewhere).unwrap();
-    let model = models.join("linear.pte");
-    std::fs::copy(fixtures_dir().join("linear.pte"), &model).unwrap();
+    let model = models.join("spill.ptd");
+    spilling_model(&model);
     let mut m = Mount::unmounted(top, model, vec![], &[]);
     m.mount();
     let pid = daemon_pid(&m.mnt);
@@ -767,4 +786,112 @@ fn a_1_gib_update_of_a_1_gib_model_keeps_the_daemon_under_256_mib() {
     assert!(seen.iter().all(|&b| b == 0x87));
     assert_eq!(seen.len() as u64, BYTES);
     m.umount();
+}
+
+/// Resident memory of process `pid` now (VmRSS), in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kib << 10
+}
+
+/// Writes a safetensors header of about `declared` bytes onto `w`, its 8-byte length first
+/// and then `entry(i)` after `entry(i)`, 1 MiB at a time, until the mount refuses a write
+/// or the header is whole; returns the errno close() reports.
+fn write_header_until_refused(w: &Path, declared: u64, entry: impl Fn(u64) -> String) -> String {
+    let mut f = open_for_writing(w);
+    f.write_all(&declared.to_le_bytes()).unwrap();
+    let (mut written, mut i, mut chunk) = (0u64, 0u64, Vec::with_capacity(1 << 20));
+    chunk.push(b'{');
+    while written < declared {
+        while chunk.len() < 1 << 20 {
+            chunk.extend_from_slice(entry(i).as_bytes());
+            i += 1;
+        }
+        let n = (chunk.len() as u64).min(declared - written) as usize;
+        match f.write_all(&chunk[..n]) {
+            Ok(()) => written += n as u64,
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::EFBIG), "{e}");
+                break;
+            }
+        }
+        chunk.clear();
+    }
+    // close(2) itself: dropping a File ignores what it reports.
+    let fd = std::os::fd::IntoRawFd::into_raw_fd(f);
+    // SAFETY: a descriptor this function owns, closed once.
+    if unsafe { libc::close(fd) } == 0 {
+        "ok".into()
+    } else {
+        std::io::Error::last_os_error().to_string()
+    }
+}
+
+/// A header of 1.68 million empty tensors (97 MB), or of 98 MB of metadata alone, written
+/// onto the `weights.safetensors` of a model of 8 tensors: refused, with the daemon neither
+/// peaking at nor keeping more than a few MiB beyond what it held (it took 2.3 GiB and kept
+/// 1.9 GiB of the first when a header was bounded by the format's 100 MB alone).
+#[test]
+fn a_hostile_header_costs_the_daemon_what_the_model_justifies() {
+    if fuse_missing() {
+        return;
+    }
+    const SLACK: u64 = 16 << 20;
+    let (m, log) = mounted("dtypes.pte");
+    let w = m.path("weights.safetensors");
+    let old = read(&w);
+    let before = files_of(&m);
+    let pid = daemon_pid(&m.mnt);
+    let (peak_before, rss_before) = (peak_rss(pid), rss(pid));
+
+    let empty = |i: u64| format!(r#""{i:07}":{{"dtype":"U8","shape":[0],"data_offsets":[0,0]}},"#);
+    let metadata = |i: u64| {
+        let pair = format!(r#""m{i:07}":"{}","#, "v".repeat(49));
+        if i == 0 {
+            format!(r#""__metadata__":{{{pair}"#)
+        } else {
+            pair
+        }
+    };
+    for (what, declared, entry) in [
+        (
+            "1.68M empty tensors",
+            97_440_008,
+            &empty as &dyn Fn(u64) -> String,
+        ),
+        ("metadata alone", 98_280_024, &metadata),
+    ] {
+        let closed = write_header_until_refused(&w, declared, entry);
+        assert!(closed.contains("Invalid argument"), "{what}: {closed}");
+        let said = std::fs::read_to_string(&log).unwrap();
+        let last = said
+            .lines()
+            .rfind(|l| l.contains("weights.safetensors"))
+            .unwrap();
+        assert!(
+            last.contains("more than this model's 8 tensor(s) can need"),
+            "{what}: {last}"
+        );
+        let (peak, kept) = (peak_rss(pid), rss(pid));
+        eprintln!(
+            "{what}: daemon peak {} MiB (was {}), resident {} MiB (was {})",
+            peak >> 20,
+            peak_before >> 20,
+            kept >> 20,
+            rss_before >> 20
+        );
+        assert!(
+            peak < peak_before + SLACK,
+            "{what}: peak {} MiB",
+            peak >> 20
+        );
+        assert!(kept < rss_before + SLACK, "{what}: kept {} MiB", kept >> 20);
+    }
+    assert_eq!(files_of(&m), before);
+    assert_eq!(read(&w), old);
 }

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use super::names::{dedupe, Names};
 use super::payloads::Payloads;
 use crate::format::layout::{DataKind, FileIndex, Location, TensorShape};
-use crate::format::safetensors::{self, dtype_of, Entry};
+use crate::format::safetensors::{self, dtype_of, Entry, HeaderBound};
 use crate::format::sharing::{self, relation, Identity, Relation, TensorId};
 use crate::format::{Kind, Model};
 
@@ -222,6 +222,25 @@ impl WeightsFile {
             starts,
             len: at,
         }
+    }
+
+    /// How large an update written to this file (at `path`) may be, and why: an update
+    /// names each tensor at most once, and its header is refused beyond what they can need,
+    /// so past both no write can be part of a valid update.
+    pub fn update_limit(&self, path: &str) -> (u64, String) {
+        let bound = HeaderBound::of(&self.entries);
+        let data = self
+            .entries
+            .iter()
+            .map(|e| e.location.range.len())
+            .sum::<u64>();
+        (
+            data.saturating_add(8 + bound.bytes),
+            format!(
+                "{path} takes a header of at most {} bytes for its {} tensor(s) and their {data} bytes",
+                bound.bytes, bound.tensors
+            ),
+        )
     }
 
     /// The pieces that bytes `[offset, offset + size)` of the virtual file are made of: the

@@ -1,5 +1,5 @@
 //! `ptefs apply`: a bulk update from a safetensors file, without FUSE, through the same
-//! commit engine as a write of `weights.safetensors` on a mount (DESIGN.md §3.1).
+//! commit engine as a write of `weights.safetensors` on a mount (docs/writes.md#ptefs-apply).
 //!
 //! Invariants: the files are claimed as a mount claims them, so an update never runs while
 //! one of them is mounted (or being updated by another `apply`); an interrupted commit left
@@ -19,7 +19,7 @@ use crate::catalog::Catalog;
 use crate::edit::recovery;
 use crate::edit::{self, bulk, Source};
 use crate::error::{Error, Result};
-use crate::format::safetensors::Entry;
+use crate::format::safetensors::{Entry, Header, HeaderBound};
 use crate::format::Model;
 use crate::host::claims;
 
@@ -32,25 +32,25 @@ pub struct ApplyRequest {
     pub dry_run: bool,
 }
 
-/// The tensors of every file's `weights.safetensors`, refusing names that more than one
-/// file uses when the update names them.
-fn entries_of(catalog: &Catalog, named: &[String]) -> Result<Vec<Entry>> {
-    let model = &*catalog.model;
-    let mut entries: Vec<Entry> = Vec::new();
-    let mut files_of: HashMap<String, Vec<usize>> = HashMap::new();
-    for file in 0..model.files.len() {
-        for e in &catalog.weights(file).entries {
-            files_of
-                .entry(e.name.clone())
-                .or_default()
-                .push(e.location.file);
-            entries.push(e.clone());
-        }
+/// The tensors of every file's `weights.safetensors`.
+fn entries_of(catalog: &Catalog) -> Vec<Entry> {
+    (0..catalog.model.files.len())
+        .flat_map(|file| catalog.weights(file).entries.iter().cloned())
+        .collect()
+}
+
+/// Refuses an update naming tensors that more than one file has.
+fn refuse_ambiguous(entries: &[Entry], model: &Model, header: &Header) -> Result<()> {
+    let mut files_of: HashMap<&str, Vec<usize>> = HashMap::new();
+    for e in entries {
+        files_of.entry(&e.name).or_default().push(e.location.file);
     }
-    let ambiguous: Vec<String> = named
+    let ambiguous: Vec<String> = header
+        .tensors
         .iter()
-        .filter_map(|n| {
-            let files = files_of.get(n).filter(|f| f.len() > 1)?;
+        .filter_map(|t| {
+            let n = &t.name;
+            let files = files_of.get(n.as_str()).filter(|f| f.len() > 1)?;
             let paths: Vec<String> = files
                 .iter()
                 .map(|&f| model.files[f].path.display().to_string())
@@ -64,7 +64,7 @@ fn entries_of(catalog: &Catalog, named: &[String]) -> Result<Vec<Entry>> {
             ambiguous.join("; ")
         )));
     }
-    Ok(entries)
+    Ok(())
 }
 
 /// Runs `ptefs apply`, printing what changed (or would) to `out`.
@@ -106,8 +106,6 @@ pub fn apply(req: &ApplyRequest, out: &mut dyn Write) -> Result<bulk::Summary> {
         offset: 0,
         len: meta.len(),
     };
-    let header = bulk::read_header(source).map_err(|e| e.context(req.update.display()))?;
-    let named: Vec<String> = header.tensors.iter().map(|t| t.name.clone()).collect();
 
     let model = if req.dry_run {
         Model::open(&file, &data)?
@@ -116,8 +114,12 @@ pub fn apply(req: &ApplyRequest, out: &mut dyn Write) -> Result<bulk::Summary> {
     };
     let catalog = Catalog::of(Arc::new(model));
     let model = &*catalog.model;
-    let entries = entries_of(&catalog, &named)?;
-    let (plan, summary) = bulk::plan(model, &entries, source)
+    let entries = entries_of(&catalog);
+    // The header is read once the model's tensors say how large it may be.
+    let header = bulk::read_header(source, &HeaderBound::of(&entries))
+        .map_err(|e| e.context(req.update.display()))?;
+    refuse_ambiguous(&entries, model, &header)?;
+    let (plan, summary) = bulk::plan_header(model, &entries, &header, source)
         .and_then(|(plan, summary)| Ok((edit::identity::separate(model, plan)?, summary)))
         .map_err(|e| e.context(req.update.display()))?;
     if !req.dry_run {

@@ -1,9 +1,13 @@
 //! Bulk updates (DESIGN.md §3.1): a safetensors file naming any subset of a model file's
 //! tensors becomes one commit of every range whose bytes change.
 //!
-//! Invariants: the update is parsed strictly before anything else (`format::safetensors`);
-//! every tensor it names must exist with the same dtype and shape, and one mismatch refuses
-//! the whole update, naming every mismatch; unchanged tensors are not written; the changed
+//! Invariants: the update is parsed strictly before anything else (`format::safetensors`),
+//! and its header is read only when its declared length is within what the file's tensors
+//! can need (`HeaderBound`), so a hostile header costs memory in proportion to the model,
+//! not to the upload; every tensor it names must exist with the same dtype and shape, and
+//! one mismatch refuses the whole update, naming every mismatch (the first
+//! `MISMATCHES_SHOWN` spelled out, the others counted); unchanged tensors are not written;
+//! the changed
 //! ranges of one file go into one journal and one in-place write (`journal`), so after a
 //! crash the file holds entirely the old or entirely the new set.
 
@@ -12,7 +16,7 @@ use std::collections::HashMap;
 use super::plan::Plan;
 use crate::content::{Bytes, Source, Write};
 use crate::error::{Error, Result};
-use crate::format::safetensors::{self, Entry, Header};
+use crate::format::safetensors::{self, Entry, Header, HeaderBound};
 use crate::format::Model;
 
 /// At most this many mismatches are spelled out in a refusal.
@@ -26,10 +30,34 @@ pub struct Summary {
     pub bytes: u64,
 }
 
-/// Reads and strictly parses the safetensors header of `update`.
-pub fn read_header(update: Source) -> Result<Header> {
-    let hlen = safetensors::header_len(&update.head(8)?, update.len())?;
-    Ok(safetensors::parse(&update.head(hlen)?, update.len())?)
+/// Headers at least this large are followed by giving freed memory back to the system.
+const TRIM_FROM: u64 = 1 << 20;
+
+/// Reads and strictly parses the safetensors header of `update`, refusing it from its
+/// first 8 bytes when it declares more than `bound`.
+pub fn read_header(update: Source, bound: &HeaderBound) -> Result<Header> {
+    let hlen = safetensors::header_len(&update.head(8)?, update.len(), Some(bound))?;
+    let head = update.head(hlen)?;
+    let parsed = safetensors::parse(&head, update.len());
+    drop(head);
+    if parsed.is_err() {
+        give_back_memory(hlen);
+    }
+    Ok(parsed?)
+}
+
+/// After a header of `header_len` bytes was dropped: returns the heap's free memory to the
+/// system. The allocator keeps what a large header's many small allocations freed, and a
+/// daemon that refused an update should not stay that much larger.
+fn give_back_memory(header_len: u64) {
+    if header_len < TRIM_FROM {
+        return;
+    }
+    // SAFETY: takes only the size to keep; glibc locks its arenas itself.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    unsafe {
+        libc::malloc_trim(0)
+    };
 }
 
 /// Matches the tensors `header` names against `entries` (a file's `weights.safetensors`);
@@ -38,21 +66,29 @@ pub fn match_entries<'e>(header: &Header, entries: &'e [Entry]) -> Result<Vec<&'
     let by_name: HashMap<&str, &Entry> = entries.iter().map(|e| (e.name.as_str(), e)).collect();
     let mut matched = Vec::with_capacity(header.tensors.len());
     let mut problems = Vec::new();
+    let mut n = 0;
     for t in &header.tensors {
-        match by_name.get(t.name.as_str()) {
-            None => problems.push(format!("\"{}\": no such tensor in this file", t.name)),
-            Some(e) if e.dtype != t.dtype || e.shape != t.shape => problems.push(format!(
-                "\"{}\": expected {}{:?}, found {}{:?}",
+        let problem = match by_name.get(t.name.as_str()) {
+            None => format!("{:?}: no such tensor in this file", t.name),
+            Some(e) if e.dtype != t.dtype || e.shape != t.shape => format!(
+                "{:?}: expected {}{:?}, found {}{:?}",
                 t.name, e.dtype, e.shape, t.dtype, t.shape
-            )),
-            Some(e) => matched.push(*e),
+            ),
+            Some(e) => {
+                matched.push(*e);
+                continue;
+            }
+        };
+        n += 1;
+        // Only those shown are spelled out: a header of many strangers must not make a
+        // message as large as itself.
+        if problems.len() < MISMATCHES_SHOWN {
+            problems.push(problem);
         }
     }
-    if problems.is_empty() {
+    if n == 0 {
         return Ok(matched);
     }
-    let n = problems.len();
-    problems.truncate(MISMATCHES_SHOWN);
     let mut message = format!(
         "the update names {n} tensor(s) that do not fit, so nothing was written: {}",
         problems.join("; ")
@@ -68,8 +104,19 @@ pub fn match_entries<'e>(header: &Header, entries: &'e [Entry]) -> Result<Vec<&'
 pub fn plan<'a>(
     model: &Model, entries: &[Entry], update: Source<'a>,
 ) -> Result<(Plan<'a>, Summary)> {
-    let header = read_header(update)?;
-    let matched = match_entries(&header, entries)?;
+    let header = read_header(update, &HeaderBound::of(entries))?;
+    let planned = plan_header(model, entries, &header, update);
+    let header_len = header.data_start;
+    drop(header);
+    give_back_memory(header_len);
+    planned
+}
+
+/// `plan` for an update whose header was read already.
+pub fn plan_header<'a>(
+    model: &Model, entries: &[Entry], header: &Header, update: Source<'a>,
+) -> Result<(Plan<'a>, Summary)> {
+    let matched = match_entries(header, entries)?;
     let mut summary = Summary::default();
     let mut writes = Vec::new();
     let mut buf = Vec::new();

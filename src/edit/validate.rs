@@ -23,36 +23,19 @@ fn exact_size(location: Location, what: &str, data: Source) -> Result<()> {
     Ok(())
 }
 
-/// `<f4`, `=f4` and `f4` name the same little-endian type here; one-byte types ignore order.
-fn normalize_descr(d: &str) -> String {
-    let d = d.trim();
-    let body = d.trim_start_matches(['<', '=', '|', '>']);
-    let order = d.chars().next().filter(|c| "<=|>".contains(*c));
-    let one_byte = body.ends_with('1') && !body.ends_with("11")
-        || body == "b1"
-        || body.starts_with('V') && body == "V1";
-    match order {
-        Some('>') if !one_byte => format!(">{body}"),
-        _ => body.to_string(),
-    }
-}
-
-/// Whether a `.npy` of dtype `found` may replace a tensor whose `.npy` has dtype `want`: the
-/// same type, or, for a raw 16-bit type (`|V2`: bfloat16 and bits16, which NumPy lacks),
-/// little-endian `u2`/`i2`, as NumPy users hold such tensors (`a.view(np.uint16)`). The
-/// bytes are taken as they are; the shape is checked as for any other type.
+/// Whether a `.npy` of dtype `found` may replace a tensor whose `.npy` has dtype `want`
+/// (both as NumPy names a dtype once read, `dtype.str`, so `'=f4'` is `<f4` and `'>u1'` is
+/// `|u1`): the same type, or, for a raw 16-bit type (`|V2`: bfloat16 and bits16, which NumPy
+/// lacks), little-endian `u2`/`i2`, as NumPy users hold such tensors (`a.view(np.uint16)`).
+/// The bytes are taken as they are; the shape is checked as for any other type.
 fn descr_accepted(found: &str, want: &str) -> bool {
-    let (found, want) = (normalize_descr(found), normalize_descr(want));
-    found == want || want == "V2" && (found == "u2" || found == "i2")
+    found == want || want == "|V2" && (found == "<u2" || found == "<i2")
 }
 
 /// The largest inline delegate payload: it is held in memory and copied into the program's
 /// flatbuffer, which is rebuilt around it. ExecuTorch itself moves payloads of this size
 /// into segments.
 const MAX_INLINE: u64 = 64 << 20;
-
-/// The most a `.npy` header is read for.
-const NPY_HEADER_READ: u64 = 1 << 20;
 
 /// What a `.npy` must declare: its dtype (and the type's true name, for messages), its
 /// shape, and how many data bytes follow.
@@ -72,10 +55,10 @@ fn tensor_npy_want(shape: &TensorShape) -> (String, String, Vec<u64>) {
 }
 
 fn check_npy<'a>(want: NpyWant, data: Source<'a>) -> Result<Source<'a>> {
-    let header = npy::parse_header(&data.head(NPY_HEADER_READ)?)?;
+    let header = npy::parse_header(&data.head(npy::MAX_HEADER_LEN)?)?;
     let want_descr = want.descr;
     if !descr_accepted(&header.descr, want_descr) {
-        let also = if normalize_descr(want_descr) == "V2" {
+        let also = if want_descr == "|V2" {
             " or '<u2'/'<i2'"
         } else {
             ""
@@ -92,7 +75,7 @@ fn check_npy<'a>(want: NpyWant, data: Source<'a>) -> Result<Source<'a>> {
             header.shape
         )));
     }
-    if header.fortran_order && want_shape.iter().filter(|&&d| d > 1).count() > 1 {
+    if !header.is_c_order() {
         return Err(Error::invalid(
             ".npy is in Fortran order: expected C order (save np.ascontiguousarray(a))",
         ));
@@ -301,17 +284,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn descr_equivalence() {
-        assert_eq!(normalize_descr("<f4"), normalize_descr("=f4"));
-        assert_eq!(normalize_descr("|u1"), normalize_descr("<u1"));
-        assert_eq!(normalize_descr("|b1"), normalize_descr("b1"));
-        assert_ne!(normalize_descr(">f4"), normalize_descr("<f4"));
-        assert_ne!(normalize_descr("<f4"), normalize_descr("<f8"));
-    }
-
-    #[test]
     fn raw_16_bit_types_accept_little_endian_u2_and_i2() {
-        for found in ["<u2", "<i2", "=u2", "u2", "|V2"] {
+        for found in ["<u2", "<i2", "|V2"] {
             assert!(descr_accepted(found, "|V2"), "{found}");
         }
         for found in [">u2", ">i2", "<f2", "|V1", "<u4", "|u1"] {

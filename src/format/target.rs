@@ -107,6 +107,8 @@ impl WriteTarget {
                 MAX_RESIZABLE,
                 format!("{path}: named data and delegate payloads grow to at most 16 GiB"),
             ),
+            // The catalog's listing bounds an update more closely
+            // (`WeightsFile::update_limit`).
             WriteTarget::Weights { .. } => (
                 current.saturating_add(super::safetensors::MAX_HEADER),
                 format!("{path} holds its header and the bytes of the tensors it shows"),

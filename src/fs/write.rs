@@ -32,6 +32,7 @@ use super::invalidate::Invalidate;
 use super::staging::Staged;
 use super::{not_found_in, not_utf8, scratch, utf8, Attr, Fs, Opened};
 use crate::error::{Error, Result};
+use crate::format::WriteTarget;
 use crate::tree::{Ino, Tree};
 
 pub use crate::format::target::MAX_RESIZABLE;
@@ -102,7 +103,11 @@ impl Fs {
     /// Empty staged content for writable tree file `ino`, with its size limit.
     fn new_staged(&self, tree: &Tree, ino: Ino) -> Result<Staged> {
         let target = self.write_target(tree, ino)?;
-        let (limit, why) = target.size_limit(&tree.path(ino), tree.size(ino));
+        let path = tree.path(ino);
+        let (limit, why) = match target {
+            WriteTarget::Weights { file } => tree.weights(*file).update_limit(&path),
+            _ => target.size_limit(&path, tree.size(ino)),
+        };
         Ok(Staged::new(limit, why, self.spill.clone()))
     }
 
