@@ -7,6 +7,7 @@
 //! arm. Decoders never panic, never read outside the payload, and depend only on `format`
 //! and the crate's error type.
 
+pub mod vulkan;
 pub mod xnnpack;
 
 use std::fmt;
