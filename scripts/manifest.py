@@ -463,7 +463,7 @@ def xnn_constant_present(xnn, value, keys):
 
 
 # ---------------------------------------------------------------------------------------------
-# Vulkan payloads (DESIGN.md 2.7: VH00 header + VK00 flatbuffer)
+# Vulkan payloads (VH00 header + VK00 flatbuffer; docs/formats/vulkan.md)
 
 VK_HEADER_LENGTH = 30
 
