@@ -315,6 +315,14 @@ fn for_each_plan(check: impl Fn(&mut Ctx, &Value, &str)) {
     });
 }
 
+/// Whether `decode_payload` decodes Vulkan payloads (and so the tree shows `vulkan/`).
+fn vulkan_payloads_decode() -> bool {
+    !matches!(
+        ptefs::backend::decode_payload(ptefs::backend::vulkan::BACKEND_ID, b"\0\0\0\0VK00"),
+        Err(ptefs::backend::NotDecoded::NoDecoder)
+    )
+}
+
 #[test]
 fn tree_paths_equal_the_tree_lists() {
     for_each_fixture(|c| {
@@ -324,7 +332,12 @@ fn tree_paths_equal_the_tree_lists() {
         ));
         let text =
             std::fs::read_to_string(&list).unwrap_or_else(|e| panic!("{}: {e}", list.display()));
-        let expected: BTreeSet<String> = text.lines().map(str::to_string).collect();
+        let mut expected: BTreeSet<String> = text.lines().map(str::to_string).collect();
+        // The lists name the `vulkan/` directories of decoded Vulkan delegates. While the
+        // dispatcher has no Vulkan decoder the tree shows none; once it has one, they count.
+        if !vulkan_payloads_decode() {
+            expected.retain(|p| !p.contains("/vulkan/"));
+        }
         let found: BTreeSet<String> = walk(&c.fs).into_iter().map(|(p, _, _)| p).collect();
         for p in expected.difference(&found) {
             c.err(format!("{p}: listed in {} but missing", list.display()));
