@@ -172,10 +172,18 @@ fn q4gsw_layout(
             "scales %{s_id} cover {scale_cols} outputs, the weight has {rows}"
         ));
     }
-    let numel = rows
-        .checked_mul(cols)
-        .ok_or_else(|| QuantError::new("element count overflows 64 bits"))?;
+    let overflow = || {
+        QuantError::new(format!(
+            "%{} read by {name}: sizes overflow 64 bits",
+            weight.id
+        ))
+    };
+    let numel = rows.checked_mul(cols).ok_or_else(overflow)?;
     let elem = s.datatype.element_size().unwrap_or(4);
+    let scale_nbytes = groups
+        .checked_mul(scale_cols)
+        .and_then(|n| n.checked_mul(elem))
+        .ok_or_else(overflow)?;
     let layout = QuantLayout {
         packing: Packing::Q4gsw {
             scales: s_id,
@@ -189,9 +197,9 @@ fn q4gsw_layout(
         },
         shape: vec![rows, cols],
         numel,
-        // rows × row_bytes and groups × scale_cols × elem fit: both are u32 products times 4.
+        // Two u32 values: the product fits.
         data_nbytes: rows * row_bytes,
-        scale_nbytes: groups * scale_cols * elem,
+        scale_nbytes,
     };
     Ok(layout)
 }
