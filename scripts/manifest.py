@@ -17,6 +17,15 @@ The facts come from ExecuTorch's own Python readers, not from ptefs:
   identifier, flatc refuses it, an index out of range) gets no `xnnpack` key. Floats are
   exact: flatc decodes them as bits (its own float output keeps six decimals) and they are
   written as the float32 value, non-finite ones as the strings "inf", "-inf", "NaN".
+* `VulkanBackend` delegates (`plans[p].delegates[j].vulkan`): the VH00 header as ExecuTorch's
+  `VulkanDelegateHeader.from_bytes` reads it (null for a bare flatbuffer), and the VkGraph
+  flatbuffer (identifier VK00) decoded by flatc with the wheel's
+  `backends/vulkan/serialization/schema.fbs`, doubles bit-exact the same way. Values carry
+  their union type and fields; a FLOAT16 constant, or a 4-bit weight packed for
+  `et_vk.linear_q4gsw` / `et_vk.linear_dq8ca_q4gsw`, also gets `f32`: how it dequantizes and
+  the sha256 of the float32 values NumPy computes for it (`vk_dequantized`). A payload that
+  does not decode gets no `vulkan` key. The Python runtime has no Vulkan backend, so programs
+  with such delegates get no `runtime_check`.
 
 For a .pte, `runtime_check` runs the method in the ExecuTorch runtime
 (`executorch.runtime.Runtime.get().load_program(pte, data_path=ptd)`) on random inputs
@@ -26,7 +35,7 @@ Programs whose state changes between calls (mutable buffers) get no `runtime_che
 program is loaded, e.g. to register custom kernels) and `atol`.
 
 The tree list follows DESIGN.md 2: a mount of the .pte (with its .ptd files attached), or of
-the .ptd, including the `xnnpack/` directory of each decoded XNNPACK delegate (2.7) and the
+the .ptd, including the `xnnpack/` and `vulkan/` directories of decoded delegates (2.7) and the
 `weights.safetensors` at the root of each model tree (2.8).
 
 Usage (with the ExecuTorch virtualenv's python):
@@ -207,6 +216,15 @@ def read_ptd(path):
     return manifest
 
 
+def ptd_named_blobs(path):
+    """{key: bytes} of a .ptd's named data, as ExecuTorch's FlatTensorSerializer reads it."""
+    from executorch.exir._serialize._cord import Cord
+    from executorch.extension.flat_tensor.serialize.serialize import FlatTensorSerializer
+
+    payload = FlatTensorSerializer().deserialize(Cord(open(path, "rb").read()))
+    return {k: bytes(payload.buffers[e.buffer_index]) for k, e in payload.named_data.items()}
+
+
 def ptd_tree(manifest, prefix=""):
     paths = [prefix + "flat_tensor.json", prefix + "header.json", prefix + "named_data/"]
     keys = dedupe([encode_name(nd["key"]) for nd in manifest["named_data"]])
@@ -304,25 +322,31 @@ def _restore_floats(obj, names):
     return obj
 
 
-def flatc_json(buf, schema):
-    """flatc's JSON decoding of one flatbuffer (floats bit-exact, see _bits_schema); raises
+def _flatc_decode(buf, schema, tmp):
+    """flatc's JSON decoding of one flatbuffer with `schema`, in `tmp`; raises
     CalledProcessError if flatc refuses the bytes."""
     import subprocess
 
     flatc = os.environ.get("FLATC", "flatc")
+    src = os.path.join(tmp, "graph.bin")
+    with open(src, "wb") as f:
+        f.write(buf)
+    subprocess.run(
+        [flatc, "--json", "--strict-json", "--defaults-json", "--raw-binary",
+         "-o", tmp, schema, "--", src],
+        check=True,
+        capture_output=True,
+    )
+    with open(os.path.join(tmp, "graph.json")) as f:
+        return json.load(f)
+
+
+def flatc_json(buf, schema):
+    """flatc's JSON decoding of one flatbuffer (floats bit-exact, see _bits_schema); raises
+    CalledProcessError if flatc refuses the bytes."""
     with tempfile.TemporaryDirectory() as tmp:
         bits_schema, names = _bits_schema(schema, tmp)
-        src = os.path.join(tmp, "graph.bin")
-        with open(src, "wb") as f:
-            f.write(buf)
-        subprocess.run(
-            [flatc, "--json", "--strict-json", "--defaults-json", "--raw-binary",
-             "-o", tmp, bits_schema, "--", src],
-            check=True,
-            capture_output=True,
-        )
-        with open(os.path.join(tmp, "graph.json")) as f:
-            return _restore_floats(json.load(f), names)
+        return _restore_floats(_flatc_decode(buf, bits_schema, tmp), names)
 
 
 def decode_xnnpack(blob):
@@ -439,6 +463,269 @@ def xnn_constant_present(xnn, value, keys):
 
 
 # ---------------------------------------------------------------------------------------------
+# Vulkan payloads (VH00 header + VK00 flatbuffer; docs/formats/vulkan.md)
+
+VK_HEADER_LENGTH = 30
+
+# NumPy descriptors of the VkDataType names (UNSET and unnamed values have none).
+VK_NUMPY = {
+    "BOOL": "|b1", "UINT8": "|u1", "INT8": "|i1", "INT32": "<i4", "FLOAT16": "<f2",
+    "FLOAT32": "<f4", "FLOAT64": "<f8", "INT64": "<i8",
+}
+
+# Operators whose arguments hold a 4-bit packed weight, its scales and the group size, by
+# argument position (their signatures are in the wheel's backends/vulkan/custom_ops_lib.py).
+VK_Q4GSW_OPS = {
+    "et_vk.linear_q4gsw.default": (1, 2, 3),
+    "et_vk.linear_dq8ca_q4gsw.default": (3, 5, 6),
+}
+
+
+def vk_schema():
+    import executorch.backends.vulkan.serialization as ser  # a namespace package
+
+    return os.path.join(list(ser.__path__)[0], "schema.fbs")
+
+
+def _vk_bits_schema(schema, tmp):
+    """A copy of the Vulkan schema whose `double` fields (Double.double_val, DoubleList.items)
+    are `ulong`, so flatc's rounded double output is replaced by the exact bits."""
+    text = open(schema).read()
+    text, n = re.subn(r"(double_val\s*:\s*)double\b", r"\1ulong", text)
+    assert n == 1, "Double.double_val"
+    text, n = re.subn(r"(table DoubleList\s*\{\s*items\s*:\s*\[\s*)double\b", r"\1ulong", text)
+    assert n == 1, "DoubleList.items"
+    # No other double field, so nothing else needs restoring.
+    assert not re.search(r"\bdouble\b", re.sub(r"//.*", "", text))
+    path = os.path.join(tmp, "vulkan.fbs")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def _double_of_bits(bits):
+    """float64 given as its bits → the JSON value, non-finite ones as "inf", "-inf", "NaN"."""
+    import math
+    import struct
+
+    d = struct.unpack("<d", struct.pack("<Q", bits))[0]
+    if math.isnan(d):
+        return "NaN"
+    if math.isinf(d):
+        return "inf" if d > 0 else "-inf"
+    return d
+
+
+def vk_region(vk, blob_len):
+    """(start, size) of the payload's bytes region as the runtime reads it (a bytes_size of 0
+    means the rest of the payload), or None without a header."""
+    h = vk["header"]
+    if h is None:
+        return None
+    size = h["bytes_size"]
+    if size == 0 and blob_len > h["bytes_offset"]:
+        size = blob_len - h["bytes_offset"]
+    return h["bytes_offset"], size
+
+
+def vk_is_named(c):
+    return c["named_key"] is not None and c["offset"] == UINT64_MAX
+
+
+def decode_vulkan(blob):
+    """The manifest's `vulkan` object for one VulkanBackend payload, or None when it does not
+    decode: a bad VH00 header (ExecuTorch's VulkanDelegateHeader reads it), an identifier other
+    than VK00, flatc refusing the bytes, a value of no known type, an operator without a name,
+    a value id or constant_id out of range, or bytes outside the payload's bytes region."""
+    import subprocess
+
+    from executorch.backends.vulkan.serialization.vulkan_graph_serialize import (
+        VulkanDelegateHeader,
+    )
+
+    blob = bytes(blob)
+    header = None
+    if blob[4:8] == VulkanDelegateHeader.EXPECTED_MAGIC:
+        if len(blob) < VK_HEADER_LENGTH:
+            return None
+        try:
+            h = VulkanDelegateHeader.from_bytes(blob[:VK_HEADER_LENGTH])
+        except ValueError:
+            return None
+        if not h.is_valid():
+            return None
+        header = {
+            "header_length": int.from_bytes(blob[8:10], "little"),
+            "flatbuffer_offset": h.flatbuffer_offset,
+            "flatbuffer_size": h.flatbuffer_size,
+            "bytes_offset": h.bytes_offset,
+            "bytes_size": h.bytes_size,
+        }
+        if h.flatbuffer_offset < VK_HEADER_LENGTH:
+            return None
+        if h.flatbuffer_offset + h.flatbuffer_size > len(blob):
+            return None
+        if h.bytes_offset + h.bytes_size > len(blob):
+            return None
+        fb = blob[h.flatbuffer_offset : h.flatbuffer_offset + h.flatbuffer_size]
+    else:
+        fb = blob
+    if fb[4:8] != b"VK00":
+        return None
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            g = _flatc_decode(fb, _vk_bits_schema(vk_schema(), tmp), tmp)
+    except subprocess.CalledProcessError:
+        return None
+
+    values = []
+    for i, vv in enumerate(g.get("values", [])):
+        kind = vv.get("value_type", "NONE")
+        if kind not in ("Null", "Int", "Double", "Bool", "VkTensor", "IntList", "DoubleList",
+                        "BoolList", "ValueList", "String", "SymInt"):
+            return None
+        u = dict(vv.get("value", {}))
+        if kind == "Double":
+            u["double_val"] = _double_of_bits(u.get("double_val", 0))
+        if kind == "DoubleList":
+            u["items"] = [_double_of_bits(b) for b in u.get("items", [])]
+        v = {"id": i, "type": kind}
+        v.update(u)
+        if kind == "VkTensor":
+            v.setdefault("dims", [])
+        values.append(v)
+    chain = []
+    for op in g.get("chain", []):
+        if "name" not in op:
+            return None
+        chain.append({"node_id": op.get("node_id", 0), "name": op["name"], "args": op.get("args", [])})
+    constants = [
+        {"offset": c.get("offset", 0), "length": c.get("length", 0), "named_key": c.get("named_key")}
+        for c in g.get("constants", [])
+    ]
+    out = {
+        "header": header,
+        "version": g.get("version"),
+        "values": values,
+        "constants": constants,
+        "chain": chain,
+        "inputs": g.get("input_ids", []),
+        "outputs": g.get("output_ids", []),
+        "shaders": [
+            {"offset": c.get("offset", 0), "length": c.get("length", 0), "named_key": c.get("named_key")}
+            for c in g.get("shaders", [])
+        ],
+        "storage_type_override": g.get("storage_type_override"),
+        "memory_layout_override": g.get("memory_layout_override"),
+    }
+
+    # Ids and constant references must resolve (the runtime would refuse the payload otherwise).
+    nv, nc = len(values), len(constants)
+    region = vk_region(out, len(blob))
+    ids = [a for op in chain for a in op["args"]] + out["inputs"] + out["outputs"]
+    ids += [a for v in values if v["type"] == "ValueList" for a in v.get("items", [])]
+    if any(not 0 <= a < nv for a in ids):
+        return None
+    for v in values:
+        cid = v.get("constant_id", -1) if v["type"] == "VkTensor" else -1
+        if cid < 0:
+            continue
+        if cid >= nc:
+            return None
+        c = constants[cid]
+        if not vk_is_named(c) and (region is None or c["offset"] + c["length"] > region[1]):
+            return None
+    return out
+
+
+def vk_constant_bytes(vk, value, blob, blobs):
+    """The bytes of a constant tensor: named data of its key (None when no file at hand holds
+    the key), or its range of the payload's bytes region."""
+    cid = value.get("constant_id", -1) if value["type"] == "VkTensor" else -1
+    if cid < 0:
+        return None
+    c = vk["constants"][cid]
+    if vk_is_named(c):
+        return blobs.get(c["named_key"])
+    start = vk_region(vk, len(blob))[0] + c["offset"]
+    return blob[start : start + c["length"]]
+
+
+def _vk_floats(b, datatype):
+    import numpy as np
+
+    return np.frombuffer(b, {"FLOAT32": "<f4", "FLOAT16": "<f2"}[datatype]).astype(np.float32)
+
+
+def vk_dequantized(vk, blob, blobs):
+    """`f32` entries of the values that have a float32 view, by id: FLOAT16 constants (widened
+    exactly) and 4-bit packed weights of the VK_Q4GSW_OPS (the first operator that reads one
+    decides its scales), computed in NumPy from the packing documented with
+    `pack_4bit_weight_tensor` in the wheel's backends/vulkan/patterns/weight_packing_utils.py:
+    byte [n][j] holds element 2j in its low and 2j+1 in its high nibble, each stored + 8; the
+    inner dimension K is padded to a multiple of 8; scales are [K / group_size, N] (N possibly
+    padded): w[n][k] = (nibble - 8) × scales[k / group_size][n]."""
+    import numpy as np
+
+    out = {}
+    for v in vk["values"]:
+        if v["type"] != "VkTensor" or v.get("datatype") != "FLOAT16":
+            continue
+        b = vk_constant_bytes(vk, v, blob, blobs)
+        if b is None or len(b) != 2 * numel(v["dims"]):
+            continue
+        f = _vk_floats(b, "FLOAT16")
+        out[v["id"]] = {"packing": "float16", "shape": list(v["dims"]), "sha256": sha256(f.tobytes())}
+    for op in vk["chain"]:
+        pos = VK_Q4GSW_OPS.get(op["name"])
+        if pos is None or len(op["args"]) <= max(pos):
+            continue
+        w, s, g = (vk["values"][op["args"][p]] for p in pos)
+        if w["id"] in out or w["type"] != "VkTensor" or s["type"] != "VkTensor" or g["type"] != "Int":
+            continue
+        if w.get("datatype") != "UINT8" or s.get("datatype") not in ("FLOAT32", "FLOAT16"):
+            continue
+        if len(w["dims"]) != 2 or len(s["dims"]) != 2 or g.get("int_val", 0) <= 0:
+            continue
+        (n, half), (groups, ns), gs = w["dims"], s["dims"], g["int_val"]
+        k = groups * gs
+        if k > 2 * half or n > ns or k == 0:
+            continue
+        wb = vk_constant_bytes(vk, w, blob, blobs)
+        sb = vk_constant_bytes(vk, s, blob, blobs)
+        if wb is None or sb is None or len(wb) != n * half:
+            continue
+        if len(sb) != groups * ns * (4 if s["datatype"] == "FLOAT32" else 2):
+            continue
+        packed = np.frombuffer(wb, np.uint8).reshape(n, half)
+        q = np.empty((n, 2 * half), np.int16)
+        q[:, 0::2] = packed & 0xF
+        q[:, 1::2] = packed >> 4
+        q = (q - 8)[:, :k].astype(np.float32)
+        scales = _vk_floats(sb, s["datatype"]).reshape(groups, ns)[:, :n].T
+        f = (q * np.repeat(scales, gs, axis=1)).astype(np.float32)
+        out[w["id"]] = {
+            "packing": "q4gsw",
+            "scales": s["id"],
+            "group_size": gs,
+            "shape": [n, k],
+            "sha256": sha256(f.tobytes()),
+        }
+    return out
+
+
+def vk_constant_present(vk, value, keys):
+    """Whether the value is a constant tensor whose bytes the file (with its .ptd files) holds:
+    named data of a key in `keys`, or a range of the payload's bytes region (decode_vulkan
+    checked it)."""
+    cid = value.get("constant_id", -1) if value["type"] == "VkTensor" else -1
+    if cid < 0:
+        return False
+    c = vk["constants"][cid]
+    return c["named_key"] in keys if vk_is_named(c) else True
+
+
+# ---------------------------------------------------------------------------------------------
 # PTE
 
 
@@ -512,7 +799,7 @@ def _instruction_json(ins):
     return out
 
 
-def read_pte(path):
+def read_pte(path, ptd_blobs=None):
     from executorch.exir import schema
     from executorch.exir._serialize._flatbuffer_program import _flatbuffer_to_program
     from executorch.exir._serialize._program import (
@@ -562,6 +849,10 @@ def read_pte(path):
         return b
 
     mds = program.mutable_data_segments or []
+    # Named data a delegate may read: the .pte's own, then the attached .ptd files'.
+    blobs = dict(ptd_blobs or {})
+    for nd in program.named_data or []:
+        blobs[nd.key] = seg_bytes[nd.segment_index]
 
     def mutable_bytes(idx, nb):
         m = mds[0]
@@ -598,6 +889,14 @@ def read_pte(path):
                 xnn = decode_xnnpack(blob)
                 if xnn is not None:
                     delegate["xnnpack"] = xnn
+            if d.id == "VulkanBackend":
+                vk = decode_vulkan(blob)
+                if vk is not None:
+                    views = vk_dequantized(vk, blob, blobs)
+                    for v in vk["values"]:
+                        if v["id"] in views:
+                            v["f32"] = views[v["id"]]
+                    delegate["vulkan"] = vk
             delegates.append(delegate)
         plans.append(
             {
@@ -697,17 +996,28 @@ def pte_tree(manifest, ptd_manifests):
         for j, dg in enumerate(plan["delegates"]):
             paths += [f"{d}delegates/{j}/", f"{d}delegates/{j}/delegate.json", f"{d}delegates/{j}/processed.bin"]
             xnn = dg.get("xnnpack")
-            if xnn is None:
-                continue
-            x = f"{d}delegates/{j}/xnnpack/"
-            paths += [x, x + "header.json", x + "graph.json", x + "graph.txt", x + "values/"]
-            for v in xnn["values"]:
-                paths.append(f"{x}values/{v['id']}.json")
-                if xnn_constant_present(xnn, v, xnn_keys):
-                    paths.append(f"{x}values/{v['id']}.bin")
-                    paths.append(f"{x}values/{v['id']}.npy")
-                    if v.get("datatype") in XNN_DEQUANTIZED:
-                        paths.append(f"{x}values/{v['id']}.f32.npy")
+            if xnn is not None:
+                x = f"{d}delegates/{j}/xnnpack/"
+                paths += [x, x + "header.json", x + "graph.json", x + "graph.txt", x + "values/"]
+                for v in xnn["values"]:
+                    paths.append(f"{x}values/{v['id']}.json")
+                    if xnn_constant_present(xnn, v, xnn_keys):
+                        paths.append(f"{x}values/{v['id']}.bin")
+                        paths.append(f"{x}values/{v['id']}.npy")
+                        if v.get("datatype") in XNN_DEQUANTIZED:
+                            paths.append(f"{x}values/{v['id']}.f32.npy")
+            vk = dg.get("vulkan")
+            if vk is not None:
+                x = f"{d}delegates/{j}/vulkan/"
+                paths += [x, x + "header.json", x + "graph.json", x + "graph.txt", x + "values/"]
+                for v in vk["values"]:
+                    paths.append(f"{x}values/{v['id']}.json")
+                    if vk_constant_present(vk, v, xnn_keys):
+                        paths.append(f"{x}values/{v['id']}.bin")
+                        if v.get("datatype") in VK_NUMPY:
+                            paths.append(f"{x}values/{v['id']}.npy")
+                        if "f32" in v:
+                            paths.append(f"{x}values/{v['id']}.f32.npy")
     paths.append("segments/")
     for i in range(len(manifest["segments"])):
         paths.append(f"segments/{i}")
@@ -774,6 +1084,9 @@ def runtime_check(path, manifest, ptd_paths, inputs_from=None):
     plans = manifest["plans"]
     if manifest["mutable_data_segments"] or not plans:
         return None
+    # The wheel's runtime has no Vulkan backend: such methods load but cannot run.
+    if any(d["id"] == "VulkanBackend" for p in plans for d in p["delegates"]):
+        return None
     names = [p["name"] for p in plans]
     method = "forward" if "forward" in names else names[0]
     imports, atol = [], None
@@ -835,7 +1148,10 @@ def make(path, data=(), out_dir=None, inputs_from=None, runtime=True):
         return write(path, m, ptd_tree(m), out_dir)
     if kind != "pte":
         raise SystemExit(f"{path}: neither a .pte nor a .ptd")
-    m = read_pte(path)
+    ptd_blobs = {}
+    for p in data:
+        ptd_blobs.update(ptd_named_blobs(p))
+    m = read_pte(path, ptd_blobs)
     ptds = [read_ptd(p) for p in data]
     m["data_files"] = [os.path.basename(p) for p in data]
     if runtime:

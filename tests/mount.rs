@@ -39,10 +39,16 @@ impl Fixture {
         let (file, data) = fixture_files(manifest_path);
         let manifest = load_json(manifest_path);
         let tree_path = PathBuf::from(format!("{}.tree", file.display()));
+        // The lists name the `vulkan/` directories of decoded Vulkan delegates. While the
+        // dispatcher has no Vulkan decoder the mount shows none; once it has one, they count.
+        let vulkan_shown = !matches!(
+            ptefs::backend::decode_payload(ptefs::backend::vulkan::BACKEND_ID, b"\0\0\0\0VK00"),
+            Err(ptefs::backend::NotDecoded::NoDecoder)
+        );
         let tree = std::fs::read_to_string(&tree_path)
             .unwrap_or_else(|e| panic!("{}: {e}", tree_path.display()))
             .lines()
-            .filter(|l| !l.is_empty())
+            .filter(|l| !l.is_empty() && (vulkan_shown || !l.contains("/vulkan/")))
             .map(str::to_string)
             .collect();
         Fixture {
@@ -243,6 +249,12 @@ fn expected(fx: &Fixture) -> Expected {
                 &named,
                 &mut out,
             );
+            expect_vulkan(
+                &format!("{dir}/delegates/{j}/vulkan"),
+                &d["vulkan"],
+                &named,
+                &mut out,
+            );
         }
     }
     out
@@ -287,6 +299,41 @@ fn expect_xnnpack(dir: &str, x: &Value, named: &BTreeMap<String, String>, out: &
             let quantized = datatype.starts_with('q');
             out.f32
                 .insert(format!("{dir}/values/{id}.f32.npy"), (dims, quantized));
+        }
+    }
+}
+
+/// What the manifest's decoding of a Vulkan payload says about `vulkan/values/`: the bytes
+/// of constants kept as named data, their NumPy shapes (the tensor's dims), and the float32
+/// views the manifest computed (`f32`), which are read-only.
+fn expect_vulkan(dir: &str, x: &Value, named: &BTreeMap<String, String>, out: &mut Expected) {
+    let Some(values) = x["values"].as_array() else {
+        return;
+    };
+    let constants = x["constants"].as_array().cloned().unwrap_or_default();
+    for v in values {
+        let Some(cid) = v["constant_id"].as_i64().filter(|&c| c >= 0) else {
+            continue;
+        };
+        let Some(key) = constants
+            .get(cid as usize)
+            .and_then(|c| c["named_key"].as_str())
+        else {
+            continue;
+        };
+        let Some(sha) = named.get(key) else {
+            continue;
+        };
+        let id = v["id"].as_u64().unwrap();
+        out.sha
+            .insert(format!("{dir}/values/{id}.bin"), sha.clone());
+        out.npy
+            .insert(format!("{dir}/values/{id}.npy"), ints(&v["dims"]));
+        if v["f32"].is_object() {
+            out.f32.insert(
+                format!("{dir}/values/{id}.f32.npy"),
+                (ints(&v["f32"]["shape"]), false),
+            );
         }
     }
 }

@@ -22,6 +22,7 @@
 
 pub mod blob;
 pub mod view;
+pub mod vulkan;
 pub mod xnnpack;
 
 use std::fmt;
@@ -37,7 +38,7 @@ pub use blob::{locate, Blob, BlobRef, BlobWrite, KeyRole, ResolvedBytes, Resolve
 pub use view::{Dequantize, FloatView};
 
 /// Every backend this build decodes, one line each.
-pub static BACKENDS: &[&dyn Backend] = &[&xnnpack::Xnnpack];
+pub static BACKENDS: &[&dyn Backend] = &[&xnnpack::Xnnpack, &vulkan::Vulkan];
 
 /// A backend whose delegate payloads ptefs decodes.
 pub trait Backend: Sync {

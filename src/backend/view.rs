@@ -17,7 +17,7 @@ use crate::format::{npy, Model};
 /// scales it reads, and the conversion itself.
 pub trait Dequantize: Send + Sync + fmt::Debug {
     /// The view's shape, in elements.
-    fn dims(&self) -> &[u32];
+    fn shape(&self) -> Vec<u64>;
     /// Elements of the view (the product of `dims`).
     fn numel(&self) -> u64;
     /// Bytes of stored data the view reads.
@@ -44,18 +44,13 @@ pub struct FloatView {
 impl FloatView {
     /// The `.npy` header of the view: float32, shaped like the constant.
     pub fn npy_header(&self) -> Vec<u8> {
-        f32_npy_header(self.layout.dims())
+        npy::header_from_dims("<f4", self.layout.shape().into_iter())
     }
 
     /// The byte ranges of the model files the view is computed from.
     pub fn sources(&self) -> impl Iterator<Item = Location> + '_ {
         std::iter::once(self.data).chain(self.scales)
     }
-}
-
-/// The header of a `.npy` of float32 values shaped like `dims`.
-pub fn f32_npy_header(dims: &[u32]) -> Vec<u8> {
-    npy::header_from_dims("<f4", dims.iter().map(|&d| u64::from(d)))
 }
 
 /// Bytes `[offset, offset + size)` of a float32 view: its `.npy` header, then the

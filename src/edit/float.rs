@@ -138,7 +138,7 @@ pub fn plan<'a>(
             "{what}: its bytes or scales are not at hand, or no longer of the size its datatype and dims need"
         ))
     })?;
-    let dims: Vec<u64> = view.layout.dims().iter().map(|&d| u64::from(d)).collect();
+    let dims = view.layout.shape();
     let header = npy::parse_header(&data.head(1 << 20)?)?;
     if !matches!(header.descr.as_str(), "<f4" | "=f4" | "f4") {
         return Err(Error::invalid(format!(

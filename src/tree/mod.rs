@@ -371,7 +371,7 @@ impl Tree {
             Content::Range(l) | Content::Npy { location: l, .. } => *l,
             Content::FloatView { view, .. } => {
                 // The float32 view of a constant: where the constant's bytes are.
-                let dims: Vec<String> = view.layout.dims().iter().map(u32::to_string).collect();
+                let dims: Vec<String> = view.layout.shape().iter().map(u64::to_string).collect();
                 let order: Vec<String> = (0..dims.len()).map(|d| d.to_string()).collect();
                 return vec![
                     ("user.ptefs.dtype".to_string(), "fp32".to_string()),

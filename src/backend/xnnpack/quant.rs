@@ -1118,8 +1118,8 @@ fn encode_nibbles(run: &[f32], inverse: f32, col: usize, row: &mut [u8]) {
 }
 
 impl crate::backend::view::Dequantize for QuantLayout {
-    fn dims(&self) -> &[u32] {
-        &self.dims
+    fn shape(&self) -> Vec<u64> {
+        self.dims.iter().map(|&d| u64::from(d)).collect()
     }
 
     fn numel(&self) -> u64 {

@@ -2,8 +2,10 @@
 
 pub mod flat_tensor;
 pub mod program;
+pub mod vulkan;
 pub mod xnnpack;
 
 pub use flat_tensor::flat_tensor_flatbuffer as ptd_fb;
 pub use program::executorch_flatbuffer as pte_fb;
+pub use vulkan::vkgraph as vk_fb;
 pub use xnnpack::fb_xnnpack as xnn_fb;

@@ -1,0 +1,185 @@
+//! Vulkan as a [`Backend`], and its decoded graph as a [`Payload`]: the one place that tells
+//! the rest of the crate what a Vulkan payload shows. Its constants are read-only through
+//! their float32 views (no re-quantization is established for Vulkan's packings); their
+//! `.bin` and `.npy` take same-size writes like any payload constant.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::quant::{Packing, QuantLayout};
+use super::{render, VkGraph, BACKEND_ID};
+use crate::backend::blob::{Blob, BlobRef, BlobWrite, KeyRole, Resolver};
+use crate::backend::view::{Dequantize, FloatView};
+use crate::backend::{Backend, Constant, Payload};
+use crate::content::Source;
+use crate::error::{Error, Result};
+use crate::format::layout::Location;
+use crate::format::{FormatError, Model};
+
+/// The Vulkan backend (`VulkanBackend` delegates).
+pub struct Vulkan;
+
+impl Backend for Vulkan {
+    fn id(&self) -> &'static str {
+        BACKEND_ID
+    }
+
+    fn dir_name(&self) -> &'static str {
+        "vulkan"
+    }
+
+    fn display_name(&self) -> &'static str {
+        "Vulkan"
+    }
+
+    fn decode(&self, payload: &[u8]) -> std::result::Result<Box<dyn Payload>, FormatError> {
+        Ok(Box::new(super::decode(payload)?))
+    }
+}
+
+impl Dequantize for QuantLayout {
+    fn shape(&self) -> Vec<u64> {
+        QuantLayout::shape(self).to_vec()
+    }
+
+    fn numel(&self) -> u64 {
+        QuantLayout::numel(self)
+    }
+
+    fn data_nbytes(&self) -> u64 {
+        QuantLayout::data_nbytes(self)
+    }
+
+    fn scale_nbytes(&self) -> u64 {
+        QuantLayout::scale_nbytes(self)
+    }
+
+    fn dequantize(
+        &self, data: &[u8], scales: &[u8], first: u64, out: &mut [f32],
+    ) -> std::result::Result<(), String> {
+        QuantLayout::dequantize(self, data, scales, first, out).map_err(|e| e.to_string())
+    }
+}
+
+/// How `weights.safetensors` types a constant of NumPy dtype `descr`.
+fn safetensors_dtype(descr: &str) -> Option<&'static str> {
+    Some(match descr {
+        "<f4" => "F32",
+        "<f2" => "F16",
+        "<f8" => "F64",
+        "<i8" => "I64",
+        "<i4" => "I32",
+        "<i2" => "I16",
+        "|i1" => "I8",
+        "|u1" => "U8",
+        "|b1" => "BOOL",
+        _ => return None,
+    })
+}
+
+impl Payload for VkGraph {
+    fn backend(&self) -> &'static dyn Backend {
+        &Vulkan
+    }
+
+    fn header_json(&self) -> Value {
+        render::header_json(self)
+    }
+
+    fn graph_json(&self, payload: &[u8]) -> Value {
+        render::graph_json(self, payload)
+    }
+
+    fn graph_txt(&self) -> String {
+        render::graph_txt(self)
+    }
+
+    fn value_count(&self) -> usize {
+        self.values.len()
+    }
+
+    fn value_id(&self, k: usize) -> u32 {
+        self.values[k].id
+    }
+
+    fn value_index(&self, id: u32) -> Option<usize> {
+        self.values.iter().position(|v| v.id == id)
+    }
+
+    fn value_json(&self, k: usize, resolve: Resolver) -> Value {
+        self.values
+            .get(k)
+            .map_or(Value::Null, |v| render::value_json_in(self, v, resolve))
+    }
+
+    fn constant(&self, k: usize) -> Option<Constant> {
+        let v = self.values.get(k)?;
+        let t = v.tensor()?;
+        Some(Constant {
+            bytes: t.constant.clone()?,
+            what: t.describe(),
+            npy: t
+                .datatype
+                .numpy_descr()
+                .map(|d| (d, t.datatype.npy_shape(&t.dims))),
+        })
+    }
+
+    fn float_view(
+        &self, k: usize, locate: &dyn Fn(&BlobRef) -> Option<Location>,
+    ) -> Option<FloatView> {
+        let v = self.values.get(k)?;
+        let layout = QuantLayout::for_f32_view(self, v)?;
+        let data = locate(v.constant()?)?;
+        let scales = match layout.packing {
+            Packing::Q4gsw { scales, .. } => Some(locate(self.value(scales)?.constant()?)?),
+            Packing::Float32 | Packing::Float16 => None,
+        };
+        Some(FloatView {
+            layout: Arc::new(layout),
+            data,
+            scales,
+        })
+    }
+
+    fn float_writable(&self, _k: usize) -> bool {
+        false
+    }
+
+    fn blobs(&self) -> Vec<Blob> {
+        let mut out = Vec::new();
+        for v in &self.values {
+            let (Some(t), Some(bytes)) = (v.tensor(), v.constant()) else {
+                continue;
+            };
+            let descr = t.datatype.numpy_descr();
+            out.push(Blob {
+                value: v.id,
+                role: KeyRole::Constant,
+                datatype: t.datatype.display(),
+                dims: t.dims.clone(),
+                describe: t.describe(),
+                label: t.datatype.display(),
+                bytes: bytes.clone(),
+                inline: false,
+                expected: t.expected_nbytes().ok(),
+                safetensors: descr
+                    .and_then(safetensors_dtype)
+                    .map(|d| (d, t.datatype.npy_shape(&t.dims))),
+            });
+        }
+        out
+    }
+
+    fn plan_float_write(
+        &self, _model: &Model, _payload: Location, id: u32, _body: Source,
+    ) -> Result<Vec<BlobWrite>> {
+        Err(Error::new(
+            libc::EACCES,
+            format!(
+                "%{id}: the float32 view of a Vulkan constant is read-only; write its .bin or .npy"
+            ),
+        ))
+    }
+}
