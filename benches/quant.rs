@@ -1,6 +1,7 @@
-//! Dequantizing and re-quantizing a 4096×4096 filter (`qbint4` group 32, `qcint4`,
-//! `qcint8`), in GB/s of float32 produced or consumed, against `copy_from_slice` of the same
-//! number of float32 bytes measured in the same run (DESIGN.md §4: at least 1 GB/s per core).
+//! Dequantizing and re-quantizing a 4096×4096 filter (`qbint4` group 32, `qcint4`, `qcint8`),
+//! in GB/s of float32 produced or consumed, against `copy_from_slice` of the same number of
+//! float32 bytes measured in the same run (docs/performance.md#targets: at least 1 GB/s per
+//! core).
 //!
 //! `cargo bench --bench quant` (single-threaded; each figure is the best of several runs).
 

@@ -27,7 +27,7 @@ from etlib import close, load_torch, register_imports, run_in_child  # noqa: E40
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 DEFAULT_DIRS = [
-    os.path.join(os.path.dirname(REPO), "shared", "fixtures"),
+    os.path.join(REPO, "tests", "fixtures"),
     os.path.join(REPO, "tests", "fixtures", "extra"),
 ]
 

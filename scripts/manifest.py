@@ -34,7 +34,7 @@ Programs whose state changes between calls (mutable buffers) get no `runtime_che
 `runtime_check` taken from `--inputs-from` keeps its `imports` (modules imported before the
 program is loaded, e.g. to register custom kernels) and `atol`.
 
-The tree list follows DESIGN.md 2: a mount of the .pte (with its .ptd files attached), or of
+The tree list follows docs/tree.md: a mount of the .pte (with its .ptd files attached), or of
 the .ptd, including the `xnnpack/` and `vulkan/` directories of decoded delegates (2.7) and the
 `weights.safetensors` at the root of each model tree (2.8).
 
@@ -113,7 +113,7 @@ def nbytes_of(scalar_type, sizes):
 
 
 def encode_name(name):
-    """File name for a key or plan name (DESIGN.md 2.6)."""
+    """File name for a key or plan name (docs/tree.md#names-and-percent-encoding)."""
     if name == ".":
         return "%2E"
     if name == "..":
@@ -241,7 +241,8 @@ def ptd_tree(manifest, prefix=""):
 
 
 # ---------------------------------------------------------------------------------------------
-# XNNPACK payloads (DESIGN.md 2.7, FORMAT.md 3.4 and 9.2a)
+# XNNPACK payloads (docs/tree.md#xnnpack-delegates, docs/formats.md#the-xh00-header,
+# docs/formats.md#dequantization-rules)
 
 UINT32_MAX = 0xFFFFFFFF
 UINT64_MAX = 0xFFFFFFFFFFFFFFFF

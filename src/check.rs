@@ -1,7 +1,7 @@
 //! Deep validation (`ptefs check`): every byte range, index and required field the ExecuTorch
-//! runtime relies on (FORMAT.md §6, §9.4), and the data the program needs from `.ptd` files
-//! (EXTERNAL tensors, named data that delegate payloads read). Each defect is one line naming
-//! its place, what was expected and what was found.
+//! runtime relies on (docs/formats.md#what-the-runtime-checks-at-load), and the data the
+//! program needs from `.ptd` files (EXTERNAL tensors, named data that delegate payloads read).
+//! Each defect is one line naming its place, what was expected and what was found.
 //!
 //! Invariants: `defects` reads only the files at hand; `data_beside` alone looks at other
 //! files (the `.ptd` files in the model's directory), only to name them, never to attach

@@ -1,7 +1,7 @@
 //! ptefs: ExecuTorch `.pte` / `.ptd` files as a directory tree.
 //!
 //! `format` reads and writes the files, `tree` turns a parsed file into the virtual tree of
-//! DESIGN.md §2, `fs` answers filesystem operations on that tree without FUSE, and `fuse` is
+//! docs/tree.md, `fs` answers filesystem operations on that tree without FUSE, and `fuse` is
 //! the thin adapter that translates kernel requests into `fs` calls.
 
 // The generated FlatBuffers code names `alloc::` paths.

@@ -1,11 +1,12 @@
-//! Writing one tensor never changes another (DESIGN.md §2.3): ExecuTorch stores equal bytes
-//! once, so distinct tensors can share a constant buffer or a segment. A write gives the
-//! written tensor bytes of its own and leaves distinct sharers as they were, while bytes one
-//! tensor shows several ways (one parameter in two methods, an EXTERNAL value and its key)
-//! change together. Checked through the core on every fixture that shares bytes, on files
-//! built here for the cases the exports lack (mutable initial states, inline constant
-//! buffers, one parameter in two methods next to a distinct sharer, XNNPACK constants), for
-//! bulk updates through `weights.safetensors` and `ptefs apply`, and through a real mount.
+//! Writing one tensor never changes another (docs/writes.md#shared-bytes-and-identity):
+//! ExecuTorch stores equal bytes once, so distinct tensors can share a constant buffer or a
+//! segment. A write gives the written tensor bytes of its own and leaves distinct sharers as
+//! they were, while bytes one tensor shows several ways (one parameter in two methods, an
+//! EXTERNAL value and its key) change together. Checked through the core on every fixture that
+//! shares bytes, on files built here for the cases the exports lack (mutable initial states,
+//! inline constant buffers, one parameter in two methods next to a distinct sharer, XNNPACK
+//! constants), for bulk updates through `weights.safetensors` and `ptefs apply`, and through a
+//! real mount.
 
 mod common;
 

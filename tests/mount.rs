@@ -101,8 +101,9 @@ fn walk(root: &Path) -> Vec<(String, std::fs::Metadata)> {
     out
 }
 
-/// File names DESIGN.md §2.6 gives plan names and keys: `%` (first, so that the escapes
-/// that follow stay as they are), `/` and NUL percent-encoded, `.` and `..` spelled out.
+/// File names docs/tree.md#names-and-percent-encoding gives plan names and keys: `%` (first, so
+/// that the escapes that follow stay as they are), `/` and NUL percent-encoded, `.` and `..`
+/// spelled out.
 fn encode(name: &str) -> String {
     match name {
         "." => "%2E".into(),
@@ -338,7 +339,7 @@ fn expect_vulkan(dir: &str, x: &Value, named: &BTreeMap<String, String>, out: &m
     }
 }
 
-/// Files DESIGN.md §3 makes writable (float32 views: as `exp` says).
+/// Files docs/writes.md#writable-files makes writable (float32 views: as `exp` says).
 fn writable(path: &str, exp: &Expected) -> bool {
     if let Some((_, w)) = exp.f32.get(path) {
         return *w;

@@ -157,7 +157,8 @@ fn same_json(a: &Value, b: &Value) -> bool {
     }
 }
 
-/// NumPy descr of an ExecuTorch scalar type (DESIGN.md §2.3); raw `|V<n>` where NumPy has none.
+/// NumPy descr of an ExecuTorch scalar type (docs/tree.md#tensor-bytes); raw `|V<n>` where
+/// NumPy has none.
 fn numpy_descr(scalar_type: &str) -> Option<&'static str> {
     Some(match scalar_type {
         "BYTE" | "QUINT8" => "|u1",

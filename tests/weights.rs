@@ -1,10 +1,11 @@
-//! Bulk updates through real mounts (DESIGN.md §2.8, §3.1): a safetensors file written onto
+//! Bulk updates through real mounts (docs/tree.md#weightssafetensors,
+//! docs/writes.md#bulk-updates-through-weightssafetensors): a safetensors file written onto
 //! `weights.safetensors` with `cp`, `dd conv=fsync` or Python's `safetensors` package updates
 //! the tensors it names in one commit; an update that does not fit, or is not a valid
-//! safetensors file, changes nothing and fails at `close()` with EINVAL, the log naming
-//! every mismatch; staged content past 64 MiB spills to an unnamed file that only the daemon
-//! holds, in the model's directory (else `$TMPDIR`), whatever was planted there; and a 1 GiB
-//! update of a 1 GiB model leaves the daemon's peak memory under 256 MiB.
+//! safetensors file, changes nothing and fails at `close()` with EINVAL, the log naming every
+//! mismatch; staged content past 64 MiB spills to an unnamed file that only the daemon holds,
+//! in the model's directory (else `$TMPDIR`), whatever was planted there; and a 1 GiB update of
+//! a 1 GiB model leaves the daemon's peak memory under 256 MiB.
 //!
 //! What a tensor is (name, dtype, shape, bytes, where it lives) always comes from the
 //! mount's own `weights.safetensors` and `.json` files, never from facts written here.
@@ -701,7 +702,8 @@ fn peak_rss(pid: u32) -> u64 {
     kib << 10
 }
 
-/// The DESIGN.md §3.1 bound on the daemon while it takes a multi-GiB update.
+/// The docs/writes.md#bulk-updates-through-weightssafetensors bound on the daemon while it
+/// takes a multi-GiB update.
 const DAEMON_PEAK: u64 = 256 << 20;
 
 #[test]

@@ -582,7 +582,7 @@ fn int8_and_channels_last_payloads_show_their_parameters() {
     assert!(text.contains(" padding="), "{text}");
 }
 
-/// The dequantization rule of FORMAT.md §9.2a, written out element by element.
+/// The dequantization rule of docs/formats.md#dequantization-rules, written out element by element.
 fn qbint4_reference(data: &[u8], scales: &[u8], out: usize, inp: usize, group: usize) -> Vec<f32> {
     let mut w = vec![0f32; out * inp];
     for o in 0..out {

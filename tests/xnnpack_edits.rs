@@ -1,9 +1,10 @@
-//! The XNNPACK trees of real exports, written and reported (DESIGN.md §2.7, §3.1):
-//! re-quantizing writes of `values/<id>.f32.npy` through the core and through a real mount,
-//! with every byte of the files they may and may not change; their refusals; `used_by` of
-//! `named_data/<key>.json` against flatc's decoding of the payloads; `ptefs check` on
-//! payloads that do not decode or name what is not there; and the float32 view of every
-//! datatype the fixtures have, pinned against a NumPy implementation of the rules.
+//! The XNNPACK trees of real exports, written and reported (docs/tree.md#xnnpack-delegates,
+//! docs/writes.md#which-scales-are-fresh-and-which-are-kept): re-quantizing writes of
+//! `values/<id>.f32.npy` through the core and through a real mount, with every byte of the
+//! files they may and may not change; their refusals; `used_by` of `named_data/<key>.json`
+//! against flatc's decoding of the payloads; `ptefs check` on payloads that do not decode or
+//! name what is not there; and the float32 view of every datatype the fixtures have, pinned
+//! against a NumPy implementation of the rules.
 
 mod common;
 
@@ -346,7 +347,8 @@ fn input_scale(json: JsonAt, filter: &XValue) -> f32 {
     j.json["quant"]["scale"].as_f64().unwrap() as f32
 }
 
-/// The largest magnitude a fresh symmetric scale maps to, by datatype (DESIGN.md §3.1).
+/// The largest magnitude a fresh symmetric scale maps to, by datatype
+/// (docs/writes.md#which-scales-are-fresh-and-which-are-kept).
 fn qmax(datatype: &str) -> f32 {
     match datatype {
         "qcint4" | "qbint4" => 7.0,

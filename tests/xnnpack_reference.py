@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The float32 value of every XNNPACK constant of a fixture, computed in NumPy from the raw
 bytes of the files and flatc's decoding of the payloads (the fixture's manifest), by the
-rules of FORMAT.md §9.2a that scripts/xnnpack-rules checks against the float checkpoints
-and the ExecuTorch runtime. tests/xnnpack_edits.rs compares ptefs's `values/<id>.f32.npy`
+rules of docs/formats.md#dequantization-rules that scripts/xnnpack-rules checks against the
+float checkpoints and the ExecuTorch runtime. tests/xnnpack_edits.rs compares ptefs's `values/<id>.f32.npy`
 with it bit for bit; nothing here comes from ptefs.
 
     python3 tests/xnnpack_reference.py MANIFEST OUT_DIR

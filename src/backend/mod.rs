@@ -1,5 +1,5 @@
 //! Backend payloads: what a delegate's processed bytes hold, for the backends ptefs decodes
-//! (docs/tree.md#inside-backend-payloads, docs/formats.md#backend-payloads).
+//! (docs/tree.md#inside-backend-payloads, docs/formats.md#xnnpack-payloads, docs/formats/vulkan.md).
 //!
 //! Everything above this module (the tree, reads, `check`, `info`, writes) talks to a
 //! decoded payload through the [`Payload`] trait and finds a decoder through [`backend`],

@@ -1,4 +1,5 @@
-//! File names for keys and plan names that may hold any bytes (DESIGN.md §2.6).
+//! File names for keys and plan names that may hold any bytes
+//! (docs/tree.md#names-and-percent-encoding).
 //!
 //! Invariants: `encode` never yields "", ".", "..", or a name containing '/' or NUL, and it is
 //! injective, so distinct keys never collide (duplicate keys are suffixed by `dedupe`). A name

@@ -1,12 +1,13 @@
-//! `weights.safetensors` (DESIGN.md §2.8): every distinct tensor whose bytes are in a model
-//! file, as one safetensors file that the Hugging Face / PyTorch tools read directly.
+//! `weights.safetensors` (docs/tree.md#weightssafetensors): every distinct tensor whose bytes
+//! are in a model file, as one safetensors file that the Hugging Face / PyTorch tools read
+//! directly.
 //!
 //! Invariants: the listing is made once per opened model, when first asked for (by a
 //! lookup of the file, or by an update), and is deterministic (tensors sorted by file
 //! offset, then name; `__metadata__` maps each name to its tree path); the data part is the
 //! tensors' byte ranges of the model file, back to back, read from the model's bytes, never
 //! copied. A tensor shown by several tree files appears once; distinct
-//! tensors that share bytes (DESIGN.md §2.3) appear each under its own name.
+//! tensors that share bytes (docs/tree.md#shared-bytes) appear each under its own name.
 
 use std::collections::HashMap;
 

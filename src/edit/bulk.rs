@@ -1,5 +1,6 @@
-//! Bulk updates (DESIGN.md §3.1): a safetensors file naming any subset of a model file's
-//! tensors becomes one commit of every range whose bytes change.
+//! Bulk updates (docs/writes.md#bulk-updates-through-weightssafetensors): a safetensors file
+//! naming any subset of a model file's tensors becomes one commit of every range whose bytes
+//! change.
 //!
 //! Invariants: the update is parsed strictly before anything else (`format::safetensors`),
 //! and its header is read only when its declared length is within what the file's tensors

@@ -1,5 +1,5 @@
 //! Writes of the float32 view of a payload constant (`<backend>/values/<id>.f32.npy`,
-//! docs/writes.md#re-quantizing-writes): the `.npy` is checked against the view, the backend
+//! docs/writes.md#xnnpack-constants): the `.npy` is checked against the view, the backend
 //! converts the array into new bytes for the constant and whatever must change with it
 //! (scales, a bias in the filter's units), and those go into one commit.
 //!

@@ -1,8 +1,9 @@
-//! Writes that keep tensors apart (DESIGN.md §2.3): ExecuTorch stores equal bytes once, so
-//! two distinct tensors (two values of one plan, two keys of one file) may show one byte
-//! range. A write to one of them gives it bytes of its own, through a re-layout of its file,
-//! and leaves the other as it was; bytes one tensor shows several ways (one parameter used by
-//! two methods, an EXTERNAL value and its key) stay shared and change together.
+//! Writes that keep tensors apart (docs/writes.md#shared-bytes-and-identity): ExecuTorch stores
+//! equal bytes once, so two distinct tensors (two values of one plan, two keys of one file) may
+//! show one byte range. A write to one of them gives it bytes of its own, through a re-layout
+//! of its file, and leaves the other as it was; bytes one tensor shows several ways (one
+//! parameter used by two methods, an EXTERNAL value and its key) stay shared and change
+//! together.
 //!
 //! Invariants: only writes of a tensor that shares its bytes with a distinct tensor
 //! ([`Relation::Distinct`]) are separated; the other writes of the commit go with them (into

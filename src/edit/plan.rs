@@ -13,7 +13,8 @@ pub enum Change<'a> {
     /// New bytes for `Program.backend_delegate_data[index]`.
     InlineDelegate { index: usize, data: Vec<u8> },
     /// Tensors given bytes of their own, because the bytes they shared belong to distinct
-    /// tensors too (DESIGN.md §2.3), with same-size writes of other ranges of the file.
+    /// tensors too (docs/writes.md#shared-bytes-and-identity), with same-size writes of other
+    /// ranges of the file.
     OwnBytes {
         own: Vec<(Owner, Bytes<'a>)>,
         /// Same-size replacements of ranges inside the file's segments.

@@ -1,5 +1,5 @@
-//! Validation of new content (DESIGN.md §3): what each writable file accepts, and the plan
-//! for writing it. Messages say what was expected and what was found.
+//! Validation of new content (docs/writes.md#validation): what each writable file accepts, and
+//! the plan for writing it. Messages say what was expected and what was found.
 
 use crate::format::generated::pte_fb;
 use crate::format::layout::{FileIndex, Location, TensorShape};

@@ -40,12 +40,12 @@ pub fn name(value: i8) -> Option<&'static str> {
     })
 }
 
-/// The name, or the number when the value has none (DESIGN.md §2.4).
+/// The name, or the number when the value has none (docs/tree.md#json-files).
 pub fn display(value: i8) -> String {
     name(value).map_or_else(|| value.to_string(), str::to_string)
 }
 
-/// `sizeof` of the C++ type the runtime maps the value to (FORMAT.md §2.4).
+/// `sizeof` of the C++ type the runtime maps the value to (docs/formats.md#scalar-types).
 pub fn element_size(value: i8) -> Option<u64> {
     Some(match value {
         0 | 1 | 11 | 12 | 13 | 16 | 17 | 18..=21 | 23..=26 => 1,

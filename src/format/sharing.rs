@@ -1,5 +1,5 @@
 //! Tensors that show the same bytes, and whether two of them are one tensor or two
-//! (DESIGN.md §2.3).
+//! (docs/tree.md#shared-bytes).
 //!
 //! ExecuTorch stores equal bytes once, so several tensors can show one byte range: values of
 //! one plan or of several plans pointing at one constant buffer, `.ptd` keys pointing at one
@@ -60,7 +60,7 @@ pub enum Identity {
     Key { file: u32, index: u32 },
 }
 
-/// Which case of DESIGN.md §2.3 two tensors on one byte range are.
+/// Which case of docs/tree.md#shared-bytes two tensors on one byte range are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Relation {
     /// Two tensors that happen to hold equal bytes (ExecuTorch stored them once). A write to

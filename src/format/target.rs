@@ -1,6 +1,6 @@
 //! What a write to a part of a model means: the byte range it replaces and the rules its new
-//! content must follow (DESIGN.md §3). The tree attaches one to each writable file; the edit
-//! layer validates against it and commits.
+//! content must follow (docs/writes.md#writable-files). The tree attaches one to each writable
+//! file; the edit layer validates against it and commits.
 //!
 //! Invariant: every `Location` here came from `layout`, so it lies inside its file.
 

@@ -1,5 +1,6 @@
 //! Serializing files: FlatBuffers from owned tables, the `eh00`/`FH01` headers, and segment
-//! placement (FORMAT.md §1.4, §5.4, §9.4).
+//! placement (docs/formats.md#how-ptefs-writes-a-file,
+//! docs/formats.md#what-the-runtime-checks-at-load).
 //!
 //! Invariants: the flatbuffer is built from the newest schema with every field of the owned
 //! tables (absent stays absent, empty vectors stay present); inline byte vectors are aligned

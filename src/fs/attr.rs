@@ -1,4 +1,5 @@
-//! File attributes as the tree shows them (DESIGN.md §2: modes, sizes, owner, times).
+//! File attributes as the tree shows them (docs/tree.md#modes-owners-and-times: modes, sizes,
+//! owner, times).
 
 use std::time::SystemTime;
 

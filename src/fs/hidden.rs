@@ -1,6 +1,7 @@
-//! Names of writable files hidden by `unlink`, so that tools that replace a file by deleting
-//! it and creating it again (`mv` from another filesystem, `install`, `cp
-//! --remove-destination`) work on a tree whose files cannot be deleted (DESIGN.md §3).
+//! Names of writable files hidden by `unlink`, so that tools that replace a file by deleting it
+//! and creating it again (`mv` from another filesystem, `install`, `cp --remove-destination`)
+//! work on a tree whose files cannot be deleted
+//! (docs/writes.md#editors-scratch-files-and-deletes).
 //!
 //! An unlink of a writable file changes nothing in the model: it hides the name (lookups
 //! find nothing, listings omit it). A create of that name in that directory opens a

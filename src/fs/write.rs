@@ -1,5 +1,5 @@
-//! The write operations (DESIGN.md §3, §3.1): open, create, write, truncate, close, fsync,
-//! rename, unlink.
+//! The write operations (docs/writes.md#staging-and-commit, docs/writes.md#xnnpack-constants):
+//! open, create, write, truncate, close, fsync, rename, unlink.
 //!
 //! A writer of a tree file stages its own copy (see `handles`); the model file changes only
 //! at a commit of that copy:

@@ -1,4 +1,4 @@
-//! Builds the `Tree` that shows a `Model` (DESIGN.md §2.1, §2.2).
+//! Builds the `Tree` that shows a `Model` (docs/tree.md#a-pte-mount, docs/tree.md#a-ptd-mount).
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
@@ -184,8 +184,8 @@ fn has_npy(shape: &TensorShape) -> bool {
     scalar_type::numpy_descr_str(shape.scalar_type).is_some() && shape.physical_dims().is_some()
 }
 
-/// The `.npy` header of a tensor (DESIGN.md §2.3: its physical shape), when NumPy can
-/// describe its type.
+/// The `.npy` header of a tensor (docs/tree.md#physical-shape-and-dim-order: its physical
+/// shape), when NumPy can describe its type.
 fn npy_header(shape: &TensorShape) -> Option<Vec<u8>> {
     let descr = scalar_type::numpy_descr_str(shape.scalar_type)?;
     Some(npy::header_from_dims(descr, shape.physical_dims()?))
@@ -207,7 +207,7 @@ fn add_segments(
     }
 }
 
-/// `weights.safetensors` of file `file`, at `dir` (DESIGN.md §2.8).
+/// `weights.safetensors` of file `file`, at `dir` (docs/tree.md#weightssafetensors).
 fn add_weights(b: &mut Builder, dir: Ino, file: FileIndex) {
     let ino = b.push(
         dir,
@@ -370,7 +370,7 @@ fn payload_value_nodes(
     out
 }
 
-/// `delegates/<j>/<backend>/` of a payload that decoded (DESIGN.md §2.7).
+/// `delegates/<j>/<backend>/` of a payload that decoded (docs/tree.md#xnnpack-delegates).
 fn add_payload(
     b: &mut Builder, model: &Model, delegate_dir: Ino, p: usize, j: usize, dec: &Decoded,
 ) {

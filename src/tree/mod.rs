@@ -1,4 +1,4 @@
-//! The virtual tree of DESIGN.md §2, built from parsed files.
+//! The virtual tree of docs/tree.md, built from parsed files.
 //!
 //! Invariants: inode numbers are positions in `nodes` plus one (the root is 1), assigned in
 //! a deterministic walk of the file, so the same file always gets the same numbers; every
@@ -213,7 +213,7 @@ impl Tree {
         dedup(files)
     }
 
-    /// Which paths show the same bytes (DESIGN.md §2.3), indexed on first use.
+    /// Which paths show the same bytes (docs/tree.md#shared-bytes), indexed on first use.
     pub fn sharing(&self) -> &SharingIndex {
         self.sharing.get_or_init(|| SharingIndex::build(self))
     }
@@ -321,8 +321,9 @@ impl Tree {
         }
     }
 
-    /// The `user.ptefs.*` attributes of a file, in listing order (DESIGN.md §2.6): where its
-    /// bytes are, and for `.bin`/`.npy` files their type and shape.
+    /// The `user.ptefs.*` attributes of a file, in listing order
+    /// (docs/tree.md#extended-attributes): where its bytes are, and for `.bin`/`.npy` files
+    /// their type and shape.
     pub fn xattrs(&self, ino: Ino) -> Vec<(String, String)> {
         let mut x = self.location_xattrs(ino);
         if !x.is_empty() {

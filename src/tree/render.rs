@@ -1,4 +1,5 @@
-//! The generated text files: JSON (DESIGN.md §2.4), `operators.txt`, `instructions.txt` (§2.5).
+//! The generated text files: JSON (docs/tree.md#json-files), `operators.txt`,
+//! `instructions.txt` (docs/tree.md#instructions-and-operators).
 //!
 //! Invariants: output depends only on the files' contents and names, never on their
 //! directories (keys in schema order, no hash maps iterated, `file` is a file's name), so two
@@ -820,8 +821,8 @@ fn location_fields(model: &Model, m: &mut Map<String, Value>, loc: Option<Locati
     }
 }
 
-/// `aliases` and `aliases_total` (DESIGN.md §2.3): the first paths that show the same bytes,
-/// with their relation to this one, and how many there are in all.
+/// `aliases` and `aliases_total` (docs/tree.md#shared-bytes): the first paths that show the
+/// same bytes, with their relation to this one, and how many there are in all.
 fn alias_fields(tree: &Tree, m: &mut Map<String, Value>, loc: Option<Location>, json: Ino) {
     let shared = loc.map_or_else(Shared::default, |l| tree.sharing().others(&l, json));
     let listed: Vec<Value> = shared

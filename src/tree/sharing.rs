@@ -1,5 +1,5 @@
 //! Which tree paths show the same bytes, and whether each pair is one tensor or two
-//! (DESIGN.md §2.3).
+//! (docs/tree.md#shared-bytes).
 //!
 //! ExecuTorch stores equal bytes once, so several paths can show one byte range: values of
 //! one plan or of several plans pointing at one constant buffer, `.ptd` keys pointing at one

@@ -212,9 +212,9 @@ pub fn replace(fs: &Fs, path: &str, data: &[u8]) -> Result<(), ptefs::error::Err
     flushed.map(|_| ())
 }
 
-/// Whether a write to `target` must give its tensor bytes of its own, because a distinct
-/// tensor shares them (DESIGN.md §2.3): such a commit re-lays the file out instead of
-/// writing in place.
+/// Whether a write to `target` must give its tensor bytes of its own, because a distinct tensor
+/// shares them (docs/writes.md#shared-bytes-and-identity): such a commit re-lays the file out
+/// instead of writing in place.
 pub fn separates(model: &Model, target: &WriteTarget) -> bool {
     use ptefs::format::sharing::{locate, Relation, SharedBytes, TensorId};
     let of = match target {

@@ -754,8 +754,9 @@ pub fn ptd_edits() -> Vec<(String, PtdEdit)> {
     e
 }
 
-/// Edits that break what the runtime relies on in every file they apply to (FORMAT.md §6):
-/// `check` must report them, if parsing does not refuse them already.
+/// Edits that break what the runtime relies on in every file they apply to
+/// (docs/formats.md#what-the-runtime-checks-at-load): `check` must report them, if parsing does
+/// not refuse them already.
 pub const FLAGGED_PTE_EDITS: &[&str] = &[
     "segment offset/size field",
     "segment offset + size overflow",

@@ -1,5 +1,5 @@
 //! XNNPACK element types (`XNNDatatype`): names, element sizes, byte sizes of shapes and the
-//! NumPy descriptors of their `.npy` files (DESIGN.md §2.7).
+//! NumPy descriptors of their `.npy` files (docs/tree.md#xnnpack-delegates).
 //!
 //! Payloads may carry values this schema does not name, so a datatype is kept as its raw
 //! `i16`; an unknown value has no name and no size.

@@ -1,4 +1,5 @@
-//! The `XH00` header that starts an XNNPACK payload (FORMAT.md §3.4, §9.2a).
+//! The `XH00` header that starts an XNNPACK payload (docs/formats.md#the-xh00-header,
+//! docs/formats.md#dequantization-rules).
 //!
 //! Layout (little-endian): 4 unused bytes, `XH00` at offset 4, u16 header length (30), u32
 //! flatbuffer offset, u32 flatbuffer size, u32 constant-data offset, u64 constant-data size.

@@ -1,5 +1,7 @@
-//! The XNNPACK delegate payload (`XnnpackBackend`): decoding, JSON and text renderings, and
-//! the (de)quantization of its constants (DESIGN.md §2.7, FORMAT.md §3.4, §9.2, §9.2a).
+//! The XNNPACK delegate payload (`XnnpackBackend`): decoding, JSON and text renderings, and the
+//! (de)quantization of its constants (docs/tree.md#xnnpack-delegates,
+//! docs/formats.md#the-xh00-header, docs/formats.md#named-data-keys,
+//! docs/formats.md#dequantization-rules).
 //!
 //! Invariants:
 //! - [`decode`] returns an [`XnnGraph`] only when the whole payload is sound: the `XH00`

@@ -1,6 +1,6 @@
 //! A decoded XNNPACK payload placed in a model: its references resolved to byte ranges of
 //! the files at hand, and what a dequantized view or a re-quantizing write of a constant
-//! needs (DESIGN.md §2.7, §3.1).
+//! needs (docs/tree.md#xnnpack-delegates, docs/writes.md#which-scales-are-fresh-and-which-are-kept).
 //!
 //! Invariant: every `Location` returned lies inside its file (it came from the model's
 //! layout or from a checked sub-range of the payload's location).
@@ -67,8 +67,9 @@ impl From<Placed> for FloatView {
     }
 }
 
-/// What a re-quantizing write of a value's float32 view does with its scales (DESIGN.md
-/// §3.1). The rule, from how XNNPACK reads each kind of constant:
+/// What a re-quantizing write of a value's float32 view does with its scales
+/// (docs/writes.md#which-scales-are-fresh-and-which-are-kept). The rule, from how XNNPACK reads
+/// each kind of constant:
 ///
 /// - A value whose every use is the `filter` of a node (fully connected, convolutions) gets
 ///   **fresh scales** computed from the data (per channel, per group, or per tensor). XNNPACK

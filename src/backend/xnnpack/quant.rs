@@ -17,10 +17,11 @@
 //!   elements per byte, the even element in the low nibble; an odd row ends with a padding
 //!   nibble of 8 (`node_visitor.py`, `convert_to_qc4w`; XNNPACK's qc4w packers read the low
 //!   nibble first).
-//! - `qbint4` (`PerChannelGroupQuant`, dims `[out, in]`, `channel_dim` 0):
-//!   `(nibble - 8) × scale[o][i / group_size]` with the same packing, bfloat16 scales shaped
-//!   `[out, in / group_size]` (FORMAT.md §9.2a, checked against the checkpoint). Inline fp32
-//!   scales are first converted to bfloat16 the way the runtime does (×1.00389105, truncate).
+//! - `qbint4` (`PerChannelGroupQuant`, dims `[out, in]`, `channel_dim` 0): `(nibble - 8) ×
+//!   scale[o][i / group_size]` with the same packing, bfloat16 scales shaped `[out, in /
+//!   group_size]` (docs/formats.md#dequantization-rules, checked against the checkpoint).
+//!   Inline fp32 scales are first converted to bfloat16 the way the runtime does (×1.00389105,
+//!   truncate).
 //!
 //! Re-quantizing is symmetric and rounds to nearest (ties to even), clamped to the type's
 //! range. Fresh scales are `max|w| / qmax` per channel or per group (qmax 7 for 4-bit, 127
@@ -266,7 +267,8 @@ impl QuantLayout {
     }
 
     /// The layout of a constant that gets a dequantized float32 view (`values/<id>.f32.npy`,
-    /// DESIGN.md §2.7): quantized, fp16 and bf16 constants the runtime can dequantize.
+    /// docs/tree.md#xnnpack-delegates): quantized, fp16 and bf16 constants the runtime can
+    /// dequantize.
     pub fn for_f32_view(value: &XnnValue) -> Option<QuantLayout> {
         if value.constant.is_none() || value.datatype == Datatype::FP32 {
             return None;

@@ -1,5 +1,6 @@
 //! The text of `xnnpack/header.json`, `graph.json`, `graph.txt` and `values/<id>.json`
-//! (DESIGN.md §2.4, §2.7), as `serde_json` values or strings; the tree pretty-prints them.
+//! (docs/tree.md#json-files, docs/tree.md#xnnpack-delegates), as `serde_json` values or
+//! strings; the tree pretty-prints them.
 //!
 //! Keys are schema field names in schema order; enums are written by their schema names
 //! (numbers when unnamed); unions are objects whose `"type"` is the member's name; byte

@@ -1,5 +1,5 @@
 //! Writes of the float32 view of a quantized XNNPACK constant (`values/<id>.f32.npy`,
-//! docs/writes.md#re-quantizing-writes): the array is re-quantized the way the datatype
+//! docs/writes.md#xnnpack-constants): the array is re-quantized the way the datatype
 //! defines, and the new bytes of the constant, of its scales, and of an int32 bias that
 //! follows the filter's scales are returned together for one commit.
 //!
