@@ -1,5 +1,5 @@
-//! The fixed headers in front of the FlatBuffers: `ET12` + optional `eh00` for a `.pte`, `FT01`
-//! + `FH01` for a `.ptd` (docs/formats.md#the-eh00-extended-header,
+//! The fixed headers in front of the FlatBuffers: `ET12` and an optional `eh00` for a `.pte`,
+//! `FT01` and `FH01` for a `.ptd` (docs/formats.md#the-eh00-extended-header,
 //! docs/formats.md#the-fh01-header). All integers little-endian.
 //!
 //! Invariant: a parsed header's `program_end` and segment area lie within the file.
