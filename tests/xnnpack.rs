@@ -8,12 +8,12 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use common::Rng;
+use common::payloads::{bytes_of, delegates_of, manifest_of, named_blobs, pte_files};
+use common::{load_json, Rng};
 use ptefs::backend::xnnpack::quant::QuantLayout;
 use ptefs::backend::xnnpack::render::{graph_json, graph_txt, header_json, value_json};
 use ptefs::backend::xnnpack::{
@@ -22,111 +22,18 @@ use ptefs::backend::xnnpack::{
 };
 use ptefs::backend::{decode_payload, NotDecoded, ResolvedBytes};
 use ptefs::format::generated::xnn_fb;
-use ptefs::format::layout::{locate_ptd, locate_pte};
 use ptefs::format::{Kind, ModelFile};
 
 const XNNPACK_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+/// The XNNPACK delegates of the `.pte` at `path`.
+fn xnn(path: &Path) -> Vec<common::payloads::Delegate> {
+    delegates_of(path, BACKEND_ID)
+}
+
 const EXTRA_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/extra");
-
-struct Delegate {
-    plan: usize,
-    index: usize,
-    backend: String,
-    payload: Vec<u8>,
-}
-
-fn pte_files(dir: &str) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "pte"))
-        .collect();
-    v.sort();
-    v
-}
-
-fn delegates(path: &Path) -> Vec<Delegate> {
-    let model = ModelFile::open(path).unwrap();
-    let Kind::Pte(pte) = &model.kind else {
-        panic!("{} is not a .pte", path.display())
-    };
-    let layout = locate_pte(pte, &[]);
-    let mut out = Vec::new();
-    for (p, plan) in pte.program.execution_plan.iter().flatten().enumerate() {
-        for (j, d) in plan.delegates.iter().flatten().enumerate() {
-            let loc = layout.plans[p].delegates[j].clone().unwrap();
-            out.push(Delegate {
-                plan: p,
-                index: j,
-                backend: d.id.clone().unwrap_or_default(),
-                payload: model.read(loc.range).unwrap().to_vec(),
-            });
-        }
-    }
-    out
-}
-
-fn xnnpack_delegates(path: &Path) -> Vec<Delegate> {
-    delegates(path)
-        .into_iter()
-        .filter(|d| d.backend == BACKEND_ID)
-        .collect()
-}
-
-/// Every named blob of the `.pte` and of the `.ptd` files its manifest attaches, by key.
-fn named_blobs(pte_path: &Path) -> HashMap<String, Vec<u8>> {
-    let mut blobs = HashMap::new();
-    let model = ModelFile::open(pte_path).unwrap();
-    let Kind::Pte(pte) = &model.kind else {
-        panic!()
-    };
-    let layout = locate_pte(pte, &[]);
-    for (nd, loc) in pte
-        .program
-        .named_data
-        .iter()
-        .flatten()
-        .zip(&layout.named_data)
-    {
-        let loc = loc.clone().unwrap();
-        blobs.insert(
-            nd.key.clone().unwrap(),
-            model.read(loc.range).unwrap().to_vec(),
-        );
-    }
-    let manifest = load_json(&manifest_of(pte_path));
-    for name in manifest["data_files"].as_array().into_iter().flatten() {
-        let path = pte_path.with_file_name(name.as_str().unwrap());
-        let data = ModelFile::open(&path).unwrap();
-        let Kind::Ptd(ptd) = &data.kind else { panic!() };
-        for blob in locate_ptd(ptd, 1) {
-            let loc = blob.location.unwrap();
-            blobs.insert(blob.key, data.read(loc.range).unwrap().to_vec());
-        }
-    }
-    blobs
-}
-
-fn manifest_of(pte: &Path) -> PathBuf {
-    let mut name = pte.as_os_str().to_owned();
-    name.push(".json");
-    PathBuf::from(name)
-}
-
-fn load_json(path: &Path) -> Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
-}
 
 fn u64_of(v: &Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not an integer: {v}"))
-}
-
-fn bytes_of<'a>(payload: &'a [u8], blobs: &'a HashMap<String, Vec<u8>>, r: &BlobRef) -> &'a [u8] {
-    match r {
-        BlobRef::Named { key, .. } => &blobs[key],
-        BlobRef::Payload { offset, size } => &payload[*offset as usize..(*offset + *size) as usize],
-    }
 }
 
 fn compare_quant(place: &str, q: &QuantParams, expected_type: &Value, expected: &Value) {
@@ -316,9 +223,9 @@ fn compare_with_manifest(place: &str, g: &XnnGraph, m: &Value) {
 #[test]
 fn every_manifest_payload_decodes_as_flatc_decodes_it() {
     let mut compared = 0;
-    for path in pte_files(XNNPACK_DIR) {
+    for path in pte_files(&[XNNPACK_DIR]) {
         let manifest = load_json(&manifest_of(&path));
-        for d in xnnpack_delegates(&path) {
+        for d in xnn(&path) {
             let place = format!("{} plan {} delegate {}", path.display(), d.plan, d.index);
             let m = &manifest["plans"][d.plan]["delegates"][d.index]["xnnpack"];
             assert!(m.is_object(), "{place}: manifest has no xnnpack section");
@@ -332,7 +239,7 @@ fn every_manifest_payload_decodes_as_flatc_decodes_it() {
 
 #[test]
 fn tree_lists_name_the_constants_the_decoder_finds() {
-    for path in pte_files(XNNPACK_DIR) {
+    for path in pte_files(&[XNNPACK_DIR]) {
         let mut list = path.as_os_str().to_owned();
         list.push(".tree");
         let tree = std::fs::read_to_string(PathBuf::from(list)).unwrap();
@@ -340,7 +247,7 @@ fn tree_lists_name_the_constants_the_decoder_finds() {
         let Kind::Pte(pte) = &model.kind else {
             panic!()
         };
-        for d in xnnpack_delegates(&path) {
+        for d in xnn(&path) {
             let plan = pte.program.execution_plan.as_ref().unwrap()[d.plan]
                 .name
                 .clone()
@@ -424,7 +331,7 @@ fn graph_txt_of_llama_8da4w_matches_the_manifest_line_by_line() {
     let path = Path::new(XNNPACK_DIR).join("llama_8da4w.pte");
     let manifest = load_json(&manifest_of(&path));
     let m = &manifest["plans"][0]["delegates"][0]["xnnpack"];
-    let d = &xnnpack_delegates(&path)[0];
+    let d = &xnn(&path)[0];
     assert_eq!((d.plan, d.index), (0, 0));
     let text = graph_txt(&decode(&d.payload).unwrap());
     assert!(text.ends_with('\n'));
@@ -442,9 +349,9 @@ fn graph_txt_of_llama_8da4w_matches_the_manifest_line_by_line() {
 
 #[test]
 fn renderings_are_deterministic_json_with_schema_names() {
-    for path in pte_files(XNNPACK_DIR) {
+    for path in pte_files(&[XNNPACK_DIR]) {
         let blobs = named_blobs(&path);
-        for d in xnnpack_delegates(&path) {
+        for d in xnn(&path) {
             let g = decode(&d.payload).unwrap();
             let again = decode(&d.payload).unwrap();
             assert_eq!(g, again);
@@ -515,9 +422,9 @@ fn renderings_are_deterministic_json_with_schema_names() {
 #[test]
 fn extra_fixture_payloads_decode() {
     let mut decoded = 0;
-    for path in pte_files(EXTRA_DIR) {
+    for path in pte_files(&[EXTRA_DIR]) {
         let blobs = named_blobs(&path);
-        for d in xnnpack_delegates(&path) {
+        for d in xnn(&path) {
             let place = format!("{} plan {} delegate {}", path.display(), d.plan, d.index);
             let view =
                 decode_payload(&d.backend, &d.payload).unwrap_or_else(|e| panic!("{place}: {e}"));
@@ -553,7 +460,7 @@ fn extra_fixture_payloads_decode() {
 
 #[test]
 fn int8_and_channels_last_payloads_show_their_parameters() {
-    let q8 = &xnnpack_delegates(&Path::new(EXTRA_DIR).join("xnnpack_q8.pte"))[0];
+    let q8 = &xnn(&Path::new(EXTRA_DIR).join("xnnpack_q8.pte"))[0];
     let g = decode(&q8.payload).unwrap();
     let kinds: Vec<String> = g
         .values
@@ -574,7 +481,7 @@ fn int8_and_channels_last_payloads_show_their_parameters() {
         kinds.iter().any(|k| k == "qint8:PerTensorQuant"),
         "{kinds:?}"
     );
-    let conv = &xnnpack_delegates(&Path::new(EXTRA_DIR).join("conv_xnnpack_cl.pte"))[0];
+    let conv = &xnn(&Path::new(EXTRA_DIR).join("conv_xnnpack_cl.pte"))[0];
     let text = graph_txt(&decode(&conv.payload).unwrap());
     assert!(text.contains("XNNConv2d"), "{text}");
     assert!(text.contains(" kernel=3x3"), "{text}");
@@ -607,7 +514,7 @@ fn llama_4bit_filters_dequantize_to_finite_values_of_their_shape() {
         let path = Path::new(XNNPACK_DIR).join(file);
         let blobs = named_blobs(&path);
         let mut filters = 0;
-        for d in xnnpack_delegates(&path) {
+        for d in xnn(&path) {
             let g = decode(&d.payload).unwrap();
             for v in g.constants().filter(|v| v.datatype == want) {
                 let layout = QuantLayout::for_value(v).unwrap();
@@ -827,7 +734,7 @@ fn constants_in_the_payload_region_resolve_inside_it() {
 #[test]
 fn a_bare_flatbuffer_with_named_constants_has_no_constant_buffer() {
     let path = Path::new(XNNPACK_DIR).join("linear_xnnpack.pte");
-    let d = &xnnpack_delegates(&path)[0];
+    let d = &xnn(&path)[0];
     let g = decode(&d.payload).unwrap();
     // Without its header the runtime looks for inline buffers, which this payload lacks.
     let bare = &d.payload[g.flatbuffer.as_usize()];
@@ -1042,7 +949,7 @@ fn indexes_out_of_range_are_named() {
 fn absurd_counts_and_shared_tables_are_refused() {
     // A vector length far beyond the payload.
     let path = Path::new(XNNPACK_DIR).join("linear_xnnpack.pte");
-    let d = &xnnpack_delegates(&path)[0];
+    let d = &xnn(&path)[0];
     let g = decode(&d.payload).unwrap();
     let fb = g.flatbuffer.start() as usize;
     let graph = flatbuffers::root::<xnn_fb::XNNGraph>(&d.payload[fb..]).unwrap();
@@ -1108,7 +1015,7 @@ fn exercise(payload: &[u8]) -> bool {
 #[test]
 fn truncations_and_bit_flips_are_errors_not_panics() {
     let path = Path::new(XNNPACK_DIR).join("llama_8da4w.pte");
-    let d = &xnnpack_delegates(&path)[0];
+    let d = &xnn(&path)[0];
     let payload = &d.payload;
     assert!(exercise(payload));
     for len in 0..payload.len() {
@@ -1578,7 +1485,7 @@ fn combinations_the_runtime_refuses_are_named() {
 #[test]
 fn the_decoder_is_reached_through_the_backend_interface() {
     let path = Path::new(XNNPACK_DIR).join("linear_xnnpack.pte");
-    let d = &xnnpack_delegates(&path)[0];
+    let d = &xnn(&path)[0];
     assert!(decode_payload(BACKEND_ID, &d.payload).is_ok_and(|p| p.backend().id() == BACKEND_ID));
     assert!(matches!(
         decode_payload("CoreMLBackend", &d.payload),

@@ -98,6 +98,26 @@ pub struct Blob {
     pub safetensors: Option<(&'static str, Vec<u64>)>,
 }
 
+/// Bytes of a tensor of `dims` whose elements take `size` bytes each (`row_bytes`, when
+/// given, replaces the last dimension's bytes: a packed row), for the datatype named `name`;
+/// a datatype without a fixed size, or a product that overflows, is refused by name.
+pub fn tensor_nbytes(
+    name: &str, size: Option<u64>, dims: &[u32], row_bytes: Option<fn(u64) -> u64>,
+) -> crate::error::Result<u64> {
+    use crate::error::Error;
+    let size =
+        size.ok_or_else(|| Error::invalid(format!("datatype {name} has no fixed element size")))?;
+    let overflow = || Error::invalid(format!("byte size of {name} {dims:?} overflows 64 bits"));
+    let (first, rest) = match (row_bytes, dims.split_last()) {
+        (Some(row), Some((&last, rows))) => (row(u64::from(last)), rows),
+        (Some(row), None) => (row(1), dims),
+        (None, _) => (size, dims),
+    };
+    rest.iter()
+        .try_fold(first, |n, &d| n.checked_mul(u64::from(d)))
+        .ok_or_else(overflow)
+}
+
 /// New bytes a float write gives one blob of a payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlobWrite {
@@ -123,3 +143,23 @@ pub struct ResolvedBytes {
 /// Maps a reference to the file that holds it; None when the caller cannot (a key in no
 /// attached file).
 pub type Resolver<'a> = &'a dyn Fn(&BlobRef) -> Option<ResolvedBytes>;
+
+/// `{"named_key"|"payload_offset", "file", "file_offset", "nbytes"}` of a reference, as a
+/// value's `.json` shows where its bytes are: the file and offset `resolve` finds, else
+/// nulls and the size the graph records.
+pub fn bytes_json(r: &BlobRef, resolve: Resolver) -> serde_json::Map<String, serde_json::Value> {
+    use serde_json::json;
+    let mut m = serde_json::Map::new();
+    match r {
+        BlobRef::Named { key, .. } => m.insert("named_key".into(), json!(key)),
+        BlobRef::Payload { offset, .. } => m.insert("payload_offset".into(), json!(offset)),
+    };
+    let found = resolve(r);
+    m.insert("file".into(), json!(found.as_ref().map(|f| &f.file)));
+    m.insert(
+        "file_offset".into(),
+        json!(found.as_ref().map(|f| f.file_offset)),
+    );
+    m.insert("nbytes".into(), json!(found.map_or(r.size(), |f| f.nbytes)));
+    m
+}

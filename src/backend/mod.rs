@@ -21,6 +21,7 @@
 //!   stored scales.
 
 pub mod blob;
+pub mod header;
 pub mod view;
 pub mod vulkan;
 pub mod xnnpack;

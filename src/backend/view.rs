@@ -13,6 +13,33 @@ use crate::error::{Error, Result};
 use crate::format::layout::Location;
 use crate::format::{npy, Model};
 
+/// Why a constant cannot be (de)quantized as asked; the message starts with what the
+/// constant is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuantError {
+    message: String,
+}
+
+impl QuantError {
+    pub(crate) fn new(message: impl Into<String>) -> Self {
+        QuantError {
+            message: message.into(),
+        }
+    }
+
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for QuantError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for QuantError {}
+
 /// How a backend's constant dequantizes to float32: its shape, how many bytes of data and
 /// scales it reads, and the conversion itself.
 pub trait Dequantize: Send + Sync + fmt::Debug {
@@ -28,7 +55,7 @@ pub trait Dequantize: Send + Sync + fmt::Debug {
     /// `scales` hold at least `data_nbytes` and `scale_nbytes` bytes.
     fn dequantize(
         &self, data: &[u8], scales: &[u8], first: u64, out: &mut [f32],
-    ) -> std::result::Result<(), String>;
+    ) -> std::result::Result<(), QuantError>;
 }
 
 /// A constant's float32 view, placed in the model: the layout, and where its bytes and
@@ -95,7 +122,7 @@ pub fn read_f32(
         let mut values = vec![0f32; (last - first) as usize];
         layout
             .dequantize(&data, &scales, first, &mut values)
-            .map_err(|e| Error::new(libc::EIO, e))?;
+            .map_err(|e| Error::new(libc::EIO, e.message()))?;
         // Whole floats straight into the reply; a window that starts or ends inside a float
         // drops the bytes outside it.
         let at = out.len();

@@ -94,6 +94,23 @@ pub fn dtype_of(scalar_type: i8) -> Option<(&'static str, u64)> {
     })
 }
 
+/// The safetensors dtype of a little-endian (or byte-sized) NumPy `descr`, when there is
+/// one: what `weights.safetensors` calls a payload constant whose `.npy` has that dtype.
+pub fn dtype_of_descr(descr: &str) -> Option<&'static str> {
+    Some(match descr {
+        "<f4" => "F32",
+        "<f2" => "F16",
+        "<f8" => "F64",
+        "<i8" => "I64",
+        "<i4" => "I32",
+        "<i2" => "I16",
+        "|i1" => "I8",
+        "|u1" => "U8",
+        "|b1" => "BOOL",
+        _ => return None,
+    })
+}
+
 /// One tensor of the `weights.safetensors` of a model file: its name there, its dtype and
 /// shape, and where its bytes are in the model file.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod mount;
+pub mod payloads;
 pub mod safetensors;
 
 use std::path::{Path, PathBuf};

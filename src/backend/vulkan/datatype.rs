@@ -4,7 +4,8 @@
 //! Payloads may carry values this schema does not name, so each is kept as its raw stored
 //! integer; an unknown value has no name and no size.
 
-use crate::error::{Error, Result};
+use crate::backend::blob::tensor_nbytes;
+use crate::error::Result;
 use crate::format::generated::vk_fb;
 
 /// A `VkDataType` value as stored in the payload.
@@ -81,20 +82,7 @@ impl Datatype {
     /// Bytes a tensor of this type and `dims` takes: what the runtime reads for a constant in
     /// the payload's bytes region (element size × every dimension, overflow refused).
     pub fn nbytes(self, dims: &[u32]) -> Result<u64> {
-        let size = self.element_size().ok_or_else(|| {
-            Error::invalid(format!(
-                "datatype {} has no fixed element size",
-                self.display()
-            ))
-        })?;
-        dims.iter()
-            .try_fold(size, |n, &d| n.checked_mul(u64::from(d)))
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "byte size of {} {dims:?} overflows 64 bits",
-                    self.display()
-                ))
-            })
+        tensor_nbytes(&self.display(), self.element_size(), dims, None)
     }
 
     /// Shape of the `.npy`: `dims` as they are (no type here packs several elements a byte).

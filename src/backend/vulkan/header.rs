@@ -1,17 +1,18 @@
 //! The `VH00` header that starts a Vulkan payload.
 //!
-//! Layout (little-endian, 30 bytes used, 32 written): 4 zero bytes, `VH00` at offset 4, u16
-//! header length (30), u32 flatbuffer offset, u32 flatbuffer size, u32 offset of the bytes
-//! region (constants stored in the payload), u64 size of that region. A payload without
-//! `VH00` at offset 4 is taken as a bare `VkGraph` flatbuffer, whose own identifier (`VK00`)
-//! sits at the same offset; the runtime itself only loads payloads with a header.
+//! The layout is `backend::header`'s (30 bytes used, 32 written), with `VH00` as its magic
+//! and the data region (the "bytes region") holding constants stored in the payload. A
+//! payload without `VH00` at offset 4 is taken as a bare `VkGraph` flatbuffer, whose own
+//! identifier (`VK00`) sits at the same offset; the runtime itself only loads payloads with a
+//! header.
 
+use crate::backend::header::{self, PayloadHeader};
 use crate::format::range::{checked_range, ByteRange};
 use crate::format::FormatError;
 
+pub use crate::backend::header::HEADER_LENGTH;
+
 pub const HEADER_MAGIC: &[u8; 4] = b"VH00";
-/// Bytes of the header as ExecuTorch writes it; the runtime accepts a longer declared length.
-pub const HEADER_LENGTH: u16 = 30;
 
 /// The `VH00` fields, checked against the payload they came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,61 +48,23 @@ impl VkHeader {
     }
 }
 
-fn u16_at(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut v = [0u8; 8];
-    v.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(v)
-}
-
 /// The payload's `VH00` header, `None` for a bare flatbuffer, or why the header is unusable.
 /// The checks are the runtime's (`VulkanDelegateHeader::is_valid` and `parse`): a length of at
 /// least 30 (and here, inside the payload), a non-empty flatbuffer starting at or after the
 /// header's end, a bytes region starting at or after the flatbuffer's end, both inside the
 /// payload.
 pub fn parse_header(payload: &[u8]) -> Result<Option<VkHeader>, FormatError> {
-    let len = payload.len() as u64;
-    if payload.len() < 8 {
-        return Err(FormatError::mismatch(
-            "Vulkan payload size",
-            "the payload",
-            "at least 8 bytes (a root offset and an identifier)",
-            format!("{len} bytes"),
-        ));
-    }
-    if &payload[4..8] != HEADER_MAGIC {
+    let Some(h) = PayloadHeader::read(payload, HEADER_MAGIC, "Vulkan")? else {
         return Ok(None);
-    }
-    if payload.len() < usize::from(HEADER_LENGTH) {
-        return Err(FormatError::mismatch(
-            "VH00 header",
-            "payload byte 0",
-            format!("{HEADER_LENGTH} bytes"),
-            format!("a payload of {len} bytes"),
-        ));
-    }
-    let header = VkHeader {
-        header_length: u16_at(payload, 8),
-        flatbuffer_offset: u32_at(payload, 10),
-        flatbuffer_size: u32_at(payload, 14),
-        bytes_offset: u32_at(payload, 18),
-        bytes_size: u64_at(payload, 22),
     };
-    if header.header_length < HEADER_LENGTH || u64::from(header.header_length) > len {
-        return Err(FormatError::mismatch(
-            "VH00 header length",
-            "payload byte 8",
-            format!("{HEADER_LENGTH}..={len} (the payload size)"),
-            header.header_length,
-        ));
-    }
+    let len = payload.len() as u64;
+    let header = VkHeader {
+        header_length: h.header_length,
+        flatbuffer_offset: h.flatbuffer_offset,
+        flatbuffer_size: h.flatbuffer_size,
+        bytes_offset: h.data_offset,
+        bytes_size: h.data_size,
+    };
     if header.flatbuffer_size == 0 {
         return Err(FormatError::mismatch(
             "VH00 flatbuffer size",
@@ -111,16 +74,6 @@ pub fn parse_header(payload: &[u8]) -> Result<Option<VkHeader>, FormatError> {
         ));
     }
     let fb = header.flatbuffer_range();
-    let what = format!("VH00 flatbuffer (offset {}, size {})", fb.start(), fb.len());
-    let fb = checked_range(&what, 0, fb.start(), fb.len(), len)?;
-    if fb.start() < u64::from(header.header_length) {
-        return Err(FormatError::mismatch(
-            "VH00 flatbuffer offset",
-            "payload byte 10",
-            format!("at least {} (the header length)", header.header_length),
-            fb.start(),
-        ));
-    }
     let bytes_offset = u64::from(header.bytes_offset);
     if bytes_offset < fb.end() {
         return Err(FormatError::mismatch(
@@ -138,35 +91,12 @@ pub fn parse_header(payload: &[u8]) -> Result<Option<VkHeader>, FormatError> {
     Ok(Some(header))
 }
 
-/// Where ExecuTorch puts the flatbuffer: right after the 30-byte header, 16-aligned.
-const FLATBUFFER_OFFSET: u32 = 32;
-
 /// A payload laid out as ExecuTorch lays one out (`vulkan_graph_serialize.py`,
 /// `serialize_vulkan_graph`): the `VH00` header, `flatbuffer` at offset 32, then `bytes` (the
 /// bytes region) at the next multiple of 16, padded to a multiple of 16; what
 /// [`parse_header`] reads back. For tools and tests that build payloads.
 pub fn payload_with_header(flatbuffer: &[u8], bytes: &[u8]) -> Result<Vec<u8>, FormatError> {
-    let too_large = || {
-        FormatError::new(format!(
-            "a Vulkan payload of a {}-byte flatbuffer and {} bytes of constants: offsets and sizes must fit the VH00 header's 32 bits",
-            flatbuffer.len(),
-            bytes.len()
-        ))
-    };
-    let fb_size = u32::try_from(flatbuffer.len()).map_err(|_| too_large())?;
-    let bytes_offset = FLATBUFFER_OFFSET
-        .checked_add(fb_size.checked_next_multiple_of(16).ok_or_else(too_large)?)
-        .ok_or_else(too_large)?;
-    let mut out = vec![0u8; bytes_offset as usize];
-    out[4..8].copy_from_slice(HEADER_MAGIC);
-    out[8..10].copy_from_slice(&HEADER_LENGTH.to_le_bytes());
-    out[10..14].copy_from_slice(&FLATBUFFER_OFFSET.to_le_bytes());
-    out[14..18].copy_from_slice(&fb_size.to_le_bytes());
-    out[18..22].copy_from_slice(&bytes_offset.to_le_bytes());
-    out[22..30].copy_from_slice(&(bytes.len() as u64).to_le_bytes());
-    let fb_at = FLATBUFFER_OFFSET as usize;
-    out[fb_at..fb_at + flatbuffer.len()].copy_from_slice(flatbuffer);
-    out.extend_from_slice(bytes);
+    let mut out = header::payload_with_header(HEADER_MAGIC, "a Vulkan", flatbuffer, bytes)?;
     out.resize(out.len().next_multiple_of(16), 0);
     Ok(out)
 }

@@ -26,9 +26,6 @@ pub mod payload;
 pub mod quant;
 pub mod render;
 
-#[cfg(test)]
-mod tests;
-
 pub use datatype::{Datatype, MemoryLayout, StorageType};
 pub use graph::{
     decode, BlobRef, BytesEntry, External, NamedUse, OperatorCall, Use, ValueKind, VkGraph,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::quant::{Packing, QuantLayout};
+use super::quant::{Packing, QuantError, QuantLayout};
 use super::{render, VkGraph, BACKEND_ID};
 use crate::backend::blob::{Blob, BlobRef, BlobWrite, KeyRole, Resolver};
 use crate::backend::view::{Dequantize, FloatView};
@@ -15,7 +15,7 @@ use crate::backend::{Backend, Constant, Payload};
 use crate::content::Source;
 use crate::error::{Error, Result};
 use crate::format::layout::Location;
-use crate::format::{FormatError, Model};
+use crate::format::{safetensors, FormatError, Model};
 
 /// The Vulkan backend (`VulkanBackend` delegates).
 pub struct Vulkan;
@@ -57,25 +57,9 @@ impl Dequantize for QuantLayout {
 
     fn dequantize(
         &self, data: &[u8], scales: &[u8], first: u64, out: &mut [f32],
-    ) -> std::result::Result<(), String> {
-        QuantLayout::dequantize(self, data, scales, first, out).map_err(|e| e.to_string())
+    ) -> std::result::Result<(), QuantError> {
+        QuantLayout::dequantize(self, data, scales, first, out)
     }
-}
-
-/// How `weights.safetensors` types a constant of NumPy dtype `descr`.
-fn safetensors_dtype(descr: &str) -> Option<&'static str> {
-    Some(match descr {
-        "<f4" => "F32",
-        "<f2" => "F16",
-        "<f8" => "F64",
-        "<i8" => "I64",
-        "<i4" => "I32",
-        "<i2" => "I16",
-        "|i1" => "I8",
-        "|u1" => "U8",
-        "|b1" => "BOOL",
-        _ => return None,
-    })
 }
 
 impl Payload for VkGraph {
@@ -165,7 +149,7 @@ impl Payload for VkGraph {
                 inline: false,
                 expected: t.expected_nbytes().ok(),
                 safetensors: descr
-                    .and_then(safetensors_dtype)
+                    .and_then(safetensors::dtype_of_descr)
                     .map(|d| (d, t.datatype.npy_shape(&t.dims))),
             });
         }

@@ -30,36 +30,10 @@
 //! Products are single-precision (`f32` nibble × `f32` scale, a half scale widened first),
 //! as in the reference.
 
-use std::fmt;
-
 use super::datatype::{element_count, Datatype};
 use super::graph::{ValueKind, VkGraph, VkTensor, VkValue};
 
-/// Why a constant cannot be dequantized as asked.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QuantError {
-    message: String,
-}
-
-impl QuantError {
-    fn new(message: impl Into<String>) -> Self {
-        QuantError {
-            message: message.into(),
-        }
-    }
-
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-}
-
-impl fmt::Display for QuantError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for QuantError {}
+pub use crate::backend::view::QuantError;
 
 /// Operators that read a 4-bit packed weight: (name, weight, scales, group size argument).
 pub const Q4GSW_OPS: [(&str, usize, usize, usize); 2] = [

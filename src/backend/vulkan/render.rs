@@ -9,8 +9,9 @@
 use serde_json::{json, Map, Value};
 
 use super::datatype::{Datatype, MemoryLayout, StorageType};
-use super::graph::{BlobRef, BytesEntry, OperatorCall, ValueKind, VkGraph, VkTensor, VkValue};
+use super::graph::{BytesEntry, OperatorCall, ValueKind, VkGraph, VkTensor, VkValue};
 use super::quant::{Packing, QuantLayout};
+use crate::backend::blob::bytes_json;
 pub use crate::backend::blob::{ResolvedBytes, Resolver};
 
 /// A double as its shortest decimal form; non-finite ones as strings ("inf", "NaN").
@@ -51,18 +52,16 @@ pub fn header_json(graph: &VkGraph) -> Value {
     })
 }
 
-fn tensor_fields(t: &VkTensor) -> Map<String, Value> {
+/// A tensor's fields, its datatypes written by `datatype` (schema or short names).
+fn tensor_fields(t: &VkTensor, datatype: fn(Datatype) -> Value) -> Map<String, Value> {
     let mut m = Map::new();
-    m.insert("datatype".into(), datatype_schema(t.datatype));
+    m.insert("datatype".into(), datatype(t.datatype));
     m.insert("dims".into(), json!(t.dims));
     m.insert("constant_id".into(), json!(t.constant_id));
     m.insert("mem_obj_id".into(), json!(t.mem_obj_id));
     m.insert("storage_type".into(), storage_json(t.storage_type));
     m.insert("memory_layout".into(), layout_json(t.memory_layout));
-    m.insert(
-        "staging_datatype".into(),
-        datatype_schema(t.staging_datatype),
-    );
+    m.insert("staging_datatype".into(), datatype(t.staging_datatype));
     m
 }
 
@@ -77,7 +76,7 @@ fn member_fields(kind: &ValueKind) -> Map<String, Value> {
         ValueKind::Int(v) => put("int_val", json!(v)),
         ValueKind::Double(v) => put("double_val", double_value(*v)),
         ValueKind::Bool(v) => put("bool_val", json!(v)),
-        ValueKind::Tensor(t) => return tensor_fields(t),
+        ValueKind::Tensor(t) => return tensor_fields(t, datatype_schema),
         ValueKind::IntList(v) => put("items", json!(v)),
         ValueKind::DoubleList(v) => put(
             "items",
@@ -208,23 +207,6 @@ pub fn graph_txt(graph: &VkGraph) -> String {
     out
 }
 
-/// `{"named_key"|"payload_offset", "file", "file_offset", "nbytes"}` of a reference.
-fn bytes_json(r: &BlobRef, resolve: Resolver) -> Value {
-    let mut m = Map::new();
-    match r {
-        BlobRef::Named { key, .. } => m.insert("named_key".into(), json!(key)),
-        BlobRef::Payload { offset, .. } => m.insert("payload_offset".into(), json!(offset)),
-    };
-    let found = resolve(r);
-    m.insert("file".into(), json!(found.as_ref().map(|f| &f.file)));
-    m.insert(
-        "file_offset".into(),
-        json!(found.as_ref().map(|f| f.file_offset)),
-    );
-    m.insert("nbytes".into(), json!(found.map_or(r.size(), |f| f.nbytes)));
-    Value::Object(m)
-}
-
 /// The `"dequantized"` entry of a constant with a float32 view: its packing, the view's
 /// shape, and for 4-bit weights the scales' value id and the group size.
 pub fn dequantized_json(layout: &QuantLayout) -> Value {
@@ -252,21 +234,12 @@ pub fn value_json(value: &VkValue, resolve: Resolver) -> Value {
     m.insert("type".into(), json!(value.type_name()));
     match &value.kind {
         ValueKind::Tensor(t) => {
-            m.insert("datatype".into(), datatype_short(t.datatype));
-            m.insert("dims".into(), json!(t.dims));
-            m.insert("constant_id".into(), json!(t.constant_id));
-            m.insert("mem_obj_id".into(), json!(t.mem_obj_id));
-            m.insert("storage_type".into(), storage_json(t.storage_type));
-            m.insert("memory_layout".into(), layout_json(t.memory_layout));
-            m.insert(
-                "staging_datatype".into(),
-                datatype_short(t.staging_datatype),
-            );
+            m.extend(tensor_fields(t, datatype_short));
             m.insert(
                 "constant".into(),
                 t.constant
                     .as_ref()
-                    .map_or(Value::Null, |c| bytes_json(c, resolve)),
+                    .map_or(Value::Null, |c| Value::Object(bytes_json(c, resolve))),
             );
         }
         ValueKind::Null => {

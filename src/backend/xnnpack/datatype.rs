@@ -4,7 +4,8 @@
 //! Payloads may carry values this schema does not name, so a datatype is kept as its raw
 //! `i16`; an unknown value has no name and no size.
 
-use crate::error::{Error, Result};
+use crate::backend::blob::tensor_nbytes;
+use crate::error::Result;
 
 /// An `XNNDatatype` value as stored in the payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -114,34 +115,9 @@ impl Datatype {
     /// XNNPACK's own ⌈elements × 4 / 8⌉ whenever the last dimension is even, which
     /// `qbint4` guarantees (its group size is a multiple of 32 dividing that dimension).
     pub fn nbytes(self, dims: &[u32]) -> Result<u64> {
-        let bits = self.bits().ok_or_else(|| {
-            Error::invalid(format!(
-                "datatype {} has no fixed element size",
-                self.display()
-            ))
-        })?;
-        let overflow = || {
-            Error::invalid(format!(
-                "byte size of {} {dims:?} overflows 64 bits",
-                self.display()
-            ))
-        };
-        if bits == 4 {
-            let (last, rows) = match dims.split_last() {
-                Some((&last, rows)) => (u64::from(last), rows),
-                None => (1, &[][..]),
-            };
-            let mut n = last.div_ceil(2);
-            for &d in rows {
-                n = n.checked_mul(u64::from(d)).ok_or_else(overflow)?;
-            }
-            return Ok(n);
-        }
-        let mut n = bits / 8;
-        for &d in dims {
-            n = n.checked_mul(u64::from(d)).ok_or_else(overflow)?;
-        }
-        Ok(n)
+        let bits = self.bits();
+        let packed = (bits == Some(4)).then_some((|last: u64| last.div_ceil(2)) as fn(u64) -> u64);
+        tensor_nbytes(&self.display(), bits.map(|b| b / 8), dims, packed)
     }
 
     /// Shape of the `.npy`: `dims`, with the last dimension halved (rounded up) for the

@@ -1,17 +1,17 @@
 //! The `XH00` header that starts an XNNPACK payload (docs/formats.md#the-xh00-header,
 //! docs/formats.md#dequantization-rules).
 //!
-//! Layout (little-endian): 4 unused bytes, `XH00` at offset 4, u16 header length (30), u32
-//! flatbuffer offset, u32 flatbuffer size, u32 constant-data offset, u64 constant-data size.
-//! A payload without `XH00` at offset 4 is a bare `XNNGraph` flatbuffer (older exports),
-//! whose own identifier sits at the same offset.
+//! The layout is `backend::header`'s, with `XH00` as its magic and the data region holding
+//! constants. A payload without `XH00` at offset 4 is a bare `XNNGraph` flatbuffer (older
+//! exports).
 
+use crate::backend::header::{self, PayloadHeader};
 use crate::format::range::{checked_range, ByteRange};
 use crate::format::FormatError;
 
+pub use crate::backend::header::HEADER_LENGTH;
+
 pub const HEADER_MAGIC: &[u8; 4] = b"XH00";
-/// Bytes of the header as ExecuTorch writes it; a longer declared length is accepted.
-pub const HEADER_LENGTH: u16 = 30;
 
 /// The `XH00` fields, checked against the payload they came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,70 +44,22 @@ impl XnnHeader {
     }
 }
 
-fn u16_at(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut v = [0u8; 8];
-    v.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(v)
-}
-
 /// The payload's `XH00` header, `None` for a bare flatbuffer, or why the header is unusable:
 /// truncated, a length below 30, or a flatbuffer or constant region that leaves the payload,
 /// overlaps the header or overlaps each other.
 pub fn parse_header(payload: &[u8]) -> Result<Option<XnnHeader>, FormatError> {
-    let len = payload.len() as u64;
-    if payload.len() < 8 {
-        return Err(FormatError::mismatch(
-            "XNNPACK payload size",
-            "the payload",
-            "at least 8 bytes (a root offset and an identifier)",
-            format!("{len} bytes"),
-        ));
-    }
-    if &payload[4..8] != HEADER_MAGIC {
+    let Some(h) = PayloadHeader::read(payload, HEADER_MAGIC, "XNNPACK")? else {
         return Ok(None);
-    }
-    if payload.len() < usize::from(HEADER_LENGTH) {
-        return Err(FormatError::mismatch(
-            "XH00 header",
-            "payload byte 0",
-            format!("{HEADER_LENGTH} bytes"),
-            format!("a payload of {len} bytes"),
-        ));
-    }
-    let header = XnnHeader {
-        header_length: u16_at(payload, 8),
-        flatbuffer_offset: u32_at(payload, 10),
-        flatbuffer_size: u32_at(payload, 14),
-        constant_data_offset: u32_at(payload, 18),
-        constant_data_size: u64_at(payload, 22),
     };
-    if header.header_length < HEADER_LENGTH || u64::from(header.header_length) > len {
-        return Err(FormatError::mismatch(
-            "XH00 header length",
-            "payload byte 8",
-            format!("{HEADER_LENGTH}..={len} (the payload size)"),
-            header.header_length,
-        ));
-    }
+    let len = payload.len() as u64;
+    let header = XnnHeader {
+        header_length: h.header_length,
+        flatbuffer_offset: h.flatbuffer_offset,
+        flatbuffer_size: h.flatbuffer_size,
+        constant_data_offset: h.data_offset,
+        constant_data_size: h.data_size,
+    };
     let fb = header.flatbuffer_range();
-    let what = format!("XH00 flatbuffer (offset {}, size {})", fb.start(), fb.len());
-    let fb = checked_range(&what, 0, fb.start(), fb.len(), len)?;
-    if fb.start() < u64::from(header.header_length) {
-        return Err(FormatError::mismatch(
-            "XH00 flatbuffer offset",
-            "payload byte 10",
-            format!("at least {} (the header length)", header.header_length),
-            fb.start(),
-        ));
-    }
     let (cd_offset, cd_size) = (
         u64::from(header.constant_data_offset),
         header.constant_data_size,
@@ -132,35 +84,11 @@ pub fn parse_header(payload: &[u8]) -> Result<Option<XnnHeader>, FormatError> {
     Ok(Some(header))
 }
 
-/// Where ExecuTorch puts the flatbuffer: right after the 30-byte header, 16-aligned.
-const FLATBUFFER_OFFSET: u32 = 32;
-
 /// A payload laid out as ExecuTorch lays one out: the `XH00` header, `flatbuffer` at offset
 /// 32, then `constants` (the constant region) at the next multiple of 16; what
 /// [`parse_header`] reads back. For tools and tests that build payloads.
 pub fn payload_with_header(flatbuffer: &[u8], constants: &[u8]) -> Result<Vec<u8>, FormatError> {
-    let too_large = || {
-        FormatError::new(format!(
-            "an XNNPACK payload of a {}-byte flatbuffer and {} bytes of constants: offsets and sizes must fit the XH00 header's 32 bits",
-            flatbuffer.len(),
-            constants.len()
-        ))
-    };
-    let fb_size = u32::try_from(flatbuffer.len()).map_err(|_| too_large())?;
-    let cd_offset = FLATBUFFER_OFFSET
-        .checked_add(fb_size.checked_next_multiple_of(16).ok_or_else(too_large)?)
-        .ok_or_else(too_large)?;
-    let mut out = vec![0u8; cd_offset as usize];
-    out[4..8].copy_from_slice(HEADER_MAGIC);
-    out[8..10].copy_from_slice(&HEADER_LENGTH.to_le_bytes());
-    out[10..14].copy_from_slice(&FLATBUFFER_OFFSET.to_le_bytes());
-    out[14..18].copy_from_slice(&fb_size.to_le_bytes());
-    out[18..22].copy_from_slice(&cd_offset.to_le_bytes());
-    out[22..30].copy_from_slice(&(constants.len() as u64).to_le_bytes());
-    let fb_at = FLATBUFFER_OFFSET as usize;
-    out[fb_at..fb_at + flatbuffer.len()].copy_from_slice(flatbuffer);
-    out.extend_from_slice(constants);
-    Ok(out)
+    header::payload_with_header(HEADER_MAGIC, "an XNNPACK", flatbuffer, constants)
 }
 
 #[cfg(test)]

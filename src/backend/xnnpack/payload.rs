@@ -12,7 +12,7 @@ use crate::backend::{Backend, Constant, Payload};
 use crate::content::Source;
 use crate::error::Result;
 use crate::format::layout::Location;
-use crate::format::{FormatError, Model};
+use crate::format::{safetensors, FormatError, Model};
 
 /// The XNNPACK backend (`XnnpackBackend` delegates).
 pub struct Xnnpack;
@@ -36,16 +36,12 @@ impl Backend for Xnnpack {
 }
 
 /// How `weights.safetensors` types a constant of datatype `dt`: its `.npy` element type
-/// under a safetensors name, and the `.npy`'s shape (4-bit types as packed `U8`).
+/// under a safetensors name (`|V2` is bfloat16 here), and the `.npy`'s shape (4-bit types
+/// as packed `U8`).
 fn constant_dtype(dt: Datatype, dims: &[u32]) -> Option<(&'static str, Vec<u64>)> {
     let dtype = match dt.numpy_descr()? {
-        "<f4" => "F32",
-        "<f2" => "F16",
         "|V2" => "BF16",
-        "<i4" => "I32",
-        "|i1" => "I8",
-        "|u1" => "U8",
-        _ => return None,
+        descr => safetensors::dtype_of_descr(descr)?,
     };
     Some((dtype, dt.npy_shape(dims)))
 }

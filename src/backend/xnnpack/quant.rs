@@ -35,37 +35,11 @@
 //! `placed::ScalePlan`'s rule; an int32 bias that follows a filter's scales is rescaled by
 //! [`QuantLayout::rescale_int32`].
 
-use std::fmt;
-
 use super::datatype::{element_count, Datatype};
 use super::float16::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, runtime_f32_to_bf16};
 use super::graph::{QuantParams, ScaleDtype, XnnValue};
 
-/// Why a constant cannot be (de)quantized as asked.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QuantError {
-    message: String,
-}
-
-impl QuantError {
-    fn new(message: impl Into<String>) -> Self {
-        QuantError {
-            message: message.into(),
-        }
-    }
-
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-}
-
-impl fmt::Display for QuantError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for QuantError {}
+pub use crate::backend::view::QuantError;
 
 /// How elements map to scales.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1138,8 +1112,8 @@ impl crate::backend::view::Dequantize for QuantLayout {
 
     fn dequantize(
         &self, data: &[u8], scales: &[u8], first: u64, out: &mut [f32],
-    ) -> Result<(), String> {
-        QuantLayout::dequantize(self, data, scales, first, out).map_err(|e| e.message)
+    ) -> Result<(), QuantError> {
+        QuantLayout::dequantize(self, data, scales, first, out)
     }
 }
 

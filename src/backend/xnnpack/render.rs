@@ -13,7 +13,7 @@ use serde_json::{json, Map, Value};
 use super::datatype::Datatype;
 use super::graph::{Identifier, QuantParams, ScaleRef, XnnGraph, XnnNode, XnnValue};
 use super::nodes::{FieldValue, NO_VALUE};
-use crate::backend::blob::{BlobRef, Resolver};
+use crate::backend::blob::{bytes_json, Resolver};
 
 /// Byte vectors longer than this are shown as `{"bytes": N}`.
 const INLINE_BYTES_SHOWN: u64 = 64;
@@ -326,23 +326,6 @@ pub fn graph_txt(graph: &XnnGraph) -> String {
         out.push('\n');
     }
     out
-}
-
-/// `{"named_key"|"payload_offset", "file", "file_offset", "nbytes"}` of a reference.
-fn bytes_json(r: &BlobRef, resolve: Resolver) -> Map<String, Value> {
-    let mut m = Map::new();
-    match r {
-        BlobRef::Named { key, .. } => m.insert("named_key".into(), json!(key)),
-        BlobRef::Payload { offset, .. } => m.insert("payload_offset".into(), json!(offset)),
-    };
-    let found = resolve(r);
-    m.insert("file".into(), json!(found.as_ref().map(|f| &f.file)));
-    m.insert(
-        "file_offset".into(),
-        json!(found.as_ref().map(|f| f.file_offset)),
-    );
-    m.insert("nbytes".into(), json!(found.map_or(r.size(), |f| f.nbytes)));
-    m
 }
 
 fn scales_json(s: &Option<ScaleRef>, resolve: Resolver) -> Value {

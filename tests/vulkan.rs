@@ -13,110 +13,37 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use super::graph::{BlobRef, ValueKind, VkGraph};
-use super::header::payload_with_header;
-use super::quant::{Packing, QuantLayout};
-use super::render::{graph_json, graph_txt, header_json, value_json, value_json_in, ResolvedBytes};
-use super::{decode, BACKEND_ID};
-use crate::format::generated::vk_fb;
-use crate::format::layout::{locate_ptd, locate_pte};
-use crate::format::{Kind, ModelFile};
+mod common;
+
+use common::load_json;
+use common::payloads::{self, bytes_of, named_blobs, Delegate};
+use ptefs::backend::vulkan::graph::{BlobRef, ValueKind, VkGraph};
+use ptefs::backend::vulkan::header::payload_with_header;
+use ptefs::backend::vulkan::quant::{Packing, QuantLayout};
+use ptefs::backend::vulkan::render::{
+    graph_json, graph_txt, header_json, value_json, value_json_in, ResolvedBytes,
+};
+use ptefs::backend::vulkan::{decode, BACKEND_ID};
+use ptefs::format::generated::vk_fb;
 
 const DIRS: [&str; 2] = [
     concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures"),
     concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/extra"),
 ];
 
-struct Delegate {
-    plan: usize,
-    index: usize,
-    payload: Vec<u8>,
-}
-
+/// Every `.pte` fixture.
 fn pte_files() -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = DIRS
-        .iter()
-        .flat_map(|d| std::fs::read_dir(d).unwrap().flatten().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "pte"))
-        .collect();
-    v.sort();
-    v
+    payloads::pte_files(&DIRS)
 }
 
+/// The Vulkan delegates of the `.pte` at `path`.
 fn vulkan_delegates(path: &Path) -> Vec<Delegate> {
-    let model = ModelFile::open(path).unwrap();
-    let Kind::Pte(pte) = &model.kind else {
-        panic!("{} is not a .pte", path.display())
-    };
-    let layout = locate_pte(pte, &[]);
-    let mut out = Vec::new();
-    for (p, plan) in pte.program.execution_plan.iter().flatten().enumerate() {
-        for (j, d) in plan.delegates.iter().flatten().enumerate() {
-            if d.id.as_deref() != Some(BACKEND_ID) {
-                continue;
-            }
-            let loc = layout.plans[p].delegates[j].clone().unwrap();
-            out.push(Delegate {
-                plan: p,
-                index: j,
-                payload: model.read(loc.range).unwrap().to_vec(),
-            });
-        }
-    }
-    out
+    payloads::delegates_of(path, BACKEND_ID)
 }
 
-fn load_json(path: &Path) -> Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
-}
-
+/// The manifest beside a fixture, loaded.
 fn manifest_of(pte: &Path) -> Value {
-    let mut name = pte.as_os_str().to_owned();
-    name.push(".json");
-    load_json(Path::new(&name))
-}
-
-/// Every named blob of the `.pte` and of the `.ptd` files its manifest attaches, by key.
-fn named_blobs(pte_path: &Path) -> HashMap<String, Vec<u8>> {
-    let mut blobs = HashMap::new();
-    let model = ModelFile::open(pte_path).unwrap();
-    let Kind::Pte(pte) = &model.kind else {
-        panic!()
-    };
-    let layout = locate_pte(pte, &[]);
-    for (nd, loc) in pte
-        .program
-        .named_data
-        .iter()
-        .flatten()
-        .zip(&layout.named_data)
-    {
-        let loc = loc.clone().unwrap();
-        blobs.insert(
-            nd.key.clone().unwrap(),
-            model.read(loc.range).unwrap().to_vec(),
-        );
-    }
-    for name in manifest_of(pte_path)["data_files"]
-        .as_array()
-        .into_iter()
-        .flatten()
-    {
-        let data = ModelFile::open(&pte_path.with_file_name(name.as_str().unwrap())).unwrap();
-        let Kind::Ptd(ptd) = &data.kind else { panic!() };
-        for blob in locate_ptd(ptd, 1) {
-            let loc = blob.location.unwrap();
-            blobs.insert(blob.key, data.read(loc.range).unwrap().to_vec());
-        }
-    }
-    blobs
-}
-
-fn bytes_of<'a>(payload: &'a [u8], blobs: &'a HashMap<String, Vec<u8>>, r: &BlobRef) -> &'a [u8] {
-    match r {
-        BlobRef::Named { key, .. } => &blobs[key],
-        BlobRef::Payload { offset, size } => &payload[*offset as usize..(*offset + *size) as usize],
-    }
+    load_json(&payloads::manifest_of(pte))
 }
 
 /// Dequantizes the whole tensor, and again in windows of 7 elements, which must agree.
@@ -364,17 +291,16 @@ fn constants_in_the_payload_resolve_inside_its_bytes_region() {
     let mut t = graph_t(&original);
     // Weight [4,8] float32 (128 bytes) and bias [4] at region offsets 0 and 128.
     let region: Vec<u8> = (0..144u8).collect();
+    let bytes = |offset, length, named_key| {
+        let mut b = vk_fb::VkBytesT::default();
+        b.offset = offset;
+        b.length = length;
+        b.named_key = named_key;
+        b
+    };
     t.constants = Some(vec![
-        vk_fb::VkBytesT {
-            offset: 0,
-            length: 128,
-            named_key: Some(String::new()),
-        },
-        vk_fb::VkBytesT {
-            offset: 128,
-            length: 16,
-            named_key: None,
-        },
+        bytes(0, 128, Some(String::new())),
+        bytes(128, 16, None),
     ]);
     let payload = payload_with_header(&finish(&t), &region).unwrap();
     let g = decode(&payload).unwrap();
@@ -480,11 +406,11 @@ fn refuses_broken_references_naming_them() {
     assert!(e.ends_with("found 0"), "{e}");
 
     let mut t = base.clone();
-    t.values.as_mut().unwrap().push(vk_fb::VkValueT {
-        value: vk_fb::GraphTypesT::ValueList(Box::new(vk_fb::ValueListT {
-            items: Some(vec![0, 7]),
-        })),
-    });
+    let mut list = vk_fb::ValueListT::default();
+    list.items = Some(vec![0, 7]);
+    let mut value = vk_fb::VkValueT::default();
+    value.value = vk_fb::GraphTypesT::ValueList(Box::new(list));
+    t.values.as_mut().unwrap().push(value);
     assert_eq!(
         refusal(&wrap(&t)),
         "ValueList.items at values[4].items[1]: expected the id of a value (0..5), found 7"
