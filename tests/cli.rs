@@ -8,7 +8,7 @@
 //! the tests that change `/dev` in a mount namespace of their own.
 
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -693,6 +693,185 @@ fn recover_is_refused_while_the_file_is_mounted() {
         &out,
         &format!("is already mounted on {} (ptefs pid ", m.mnt.display()),
     );
+}
+
+/// `ptefs <args>` under `/usr/bin/time`: its output, its peak resident memory in bytes and
+/// its time in seconds. Panics when a signal ended it (an allocation that failed aborts).
+fn measured(args: &[&dyn AsRef<std::ffi::OsStr>]) -> (Output, u64, f64) {
+    let stats = tempfile::NamedTempFile::new().unwrap();
+    let mut cmd = Command::new("/usr/bin/time");
+    cmd.args(["-f", "%M %e", "-o"]).arg(stats.path()).arg(BIN);
+    for a in args {
+        cmd.arg(a);
+    }
+    let out = run(&mut cmd);
+    let said = std::fs::read_to_string(stats.path()).unwrap();
+    assert!(
+        !said.contains("terminated by signal"),
+        "{said}{}",
+        text(&out.stderr)
+    );
+    let last = said.lines().last().unwrap_or_default();
+    let (kib, secs) = last.split_once(' ').unwrap();
+    (
+        out,
+        kib.parse::<u64>().unwrap() << 10,
+        secs.parse().unwrap(),
+    )
+}
+
+/// What a command whose memory is bounded may use: the journal windows (a few MiB) and the
+/// process itself (about 7 MiB), with room to spare; far below what the journals of these
+/// tests declare or hold.
+const JOURNAL_MEMORY: u64 = 64 << 20;
+
+/// `measured`, asserting the memory bound and reporting the figures.
+fn bounded(what: &str, args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
+    let (out, peak, secs) = measured(args);
+    eprintln!("{what}: peak RSS {} KiB, {secs} s", peak >> 10);
+    assert!(
+        peak < JOURNAL_MEMORY,
+        "{what}: peak RSS {peak} bytes, over {JOURNAL_MEMORY}"
+    );
+    out
+}
+
+/// Creates `path` (mode 0600) holding `head`, `len` bytes long: the rest is a hole.
+fn sparse_file(path: &Path, head: &[u8], len: u64) {
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, head, 0).unwrap();
+    f.set_len(len).unwrap();
+}
+
+/// An 8 GiB `.ptd` that takes a few KiB of disk (two FLOAT[32768, 32768] tensors, each in a
+/// segment of 4 GiB) in a new directory; returns it and where its segments start.
+fn sparse_8_gib_ptd() -> (tempfile::TempDir, PathBuf, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().canonicalize().unwrap().join("big.ptd");
+    let base = common::safetensors::sparse_many_tensor_ptd(&model, 2, 32768);
+    assert_eq!(std::fs::metadata(&model).unwrap().len(), base + (8 << 30));
+    (dir, model, base)
+}
+
+/// A journal header (format 2) for a file of `file_len` bytes declaring `ranges` ranges.
+fn journal_header(file_len: u64, ranges: u64) -> Vec<u8> {
+    let mut h = b"PTEFSJ02".to_vec();
+    h.extend_from_slice(&file_len.to_le_bytes());
+    h.extend_from_slice(&ranges.to_le_bytes());
+    h
+}
+
+#[test]
+fn a_sparse_journal_declaring_a_range_per_byte_is_refused_in_bounded_memory() {
+    let (_dir, model, _) = sparse_8_gib_ptd();
+    let len = std::fs::metadata(&model).unwrap().len();
+    let j = journal::journal_path(&model);
+    // A range per byte of the model, over a table that is a hole: its size holds them all
+    // (128 GiB), 4 KiB of it on disk.
+    sparse_file(&j, &journal_header(len, len), 24 + 16 * len + 4);
+    let says = format!(
+        "{}: not replayed: range 0 (journal bytes 24..40): 0 bytes at 0 cover bytes no in-place commit writes (outside every segment and inline payload); it was left in place",
+        j.display()
+    );
+    let out = bounded("check", &[&"check", &model]);
+    assert!(!out.status.success());
+    assert!(text(&out.stdout).contains(&says), "{}", text(&out.stdout));
+    let out = bounded("info", &[&"info", &model]);
+    assert!(text(&out.stderr).contains(&says), "{}", text(&out.stderr));
+    let out = bounded("recover", &[&"recover", &model]);
+    refused(&out, &says);
+    let out = bounded(
+        "apply",
+        &[&"apply", &model, &model.with_file_name("u.safetensors")],
+    );
+    refused(&out, &says);
+    if !fuse_missing() {
+        let mnt = model.with_file_name("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        let out = ptefs(&[&"mount", &model, &mnt]);
+        assert!(!is_mounted(&mnt));
+        refused(&out, &says);
+    }
+    assert!(j.exists());
+
+    // The same count in a journal of 4 KiB: it cannot hold its table, so it is torn.
+    std::fs::remove_file(&j).unwrap();
+    sparse_file(&j, &journal_header(len, len), 4096);
+    let out = bounded("check", &[&"check", &model]);
+    let torn = format!(
+        "torn journal: 4096 bytes, shorter than its range table ({len} ranges; 4096 bytes hold at most 254)"
+    );
+    assert!(text(&out.stdout).contains(&torn), "{}", text(&out.stdout));
+    let out = bounded("recover", &[&"recover", &model]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains(&torn), "{}", text(&out.stdout));
+    assert!(!j.exists());
+}
+
+#[test]
+fn a_whole_journal_of_256_mib_is_checked_and_replayed_in_bounded_memory() {
+    let (_dir, model, base) = sparse_8_gib_ptd();
+    let len = std::fs::metadata(&model).unwrap().len();
+    // 4096 ranges of 64 KiB, 2 MiB apart across both segments, each starting with bytes the
+    // journal replaces (the rest of the model, and all of the journal's data, are holes).
+    const RANGES: u64 = 4096;
+    const RANGE: u64 = 64 << 10;
+    let at = |i: u64| base + i * (2 << 20);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&model)
+        .unwrap();
+    for i in 0..RANGES {
+        std::os::unix::fs::FileExt::write_all_at(&f, &[0x5a; 512], at(i)).unwrap();
+    }
+    drop(f);
+    let mut head = journal_header(len, RANGES);
+    for i in 0..RANGES {
+        head.extend_from_slice(&at(i).to_le_bytes());
+        head.extend_from_slice(&RANGE.to_le_bytes());
+    }
+    let data = RANGES * RANGE;
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&head);
+    let zeros = vec![0u8; 1 << 20];
+    for _ in 0..data / zeros.len() as u64 {
+        crc.update(&zeros);
+    }
+    let end = head.len() as u64 + data;
+    let j = journal::journal_path(&model);
+    sparse_file(&j, &head, end + 4);
+    let f = std::fs::OpenOptions::new().write(true).open(&j).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &crc.finalize().to_le_bytes(), end).unwrap();
+    drop(f);
+
+    let what = format!("{data} bytes in {RANGES} range(s)");
+    let out = bounded("check", &[&"check", &model]);
+    assert!(
+        text(&out.stdout).contains(&format!("an interrupted commit left this journal ({what})")),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = bounded("recover", &[&"recover", &model]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains(&format!(
+            "finished an interrupted commit from its journal ({what})"
+        )),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(!j.exists());
+    let f = std::fs::File::open(&model).unwrap();
+    let mut first = [1u8; 512];
+    for i in 0..RANGES {
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut first, at(i)).unwrap();
+        assert_eq!(first, [0; 512], "range {i} not replayed");
+    }
 }
 
 // ---- everyday use ----

@@ -15,6 +15,7 @@ pub mod relayout;
 mod requantize;
 pub mod source;
 pub mod validate;
+mod window;
 
 use std::path::Path;
 
