@@ -645,7 +645,7 @@ fn recover_refuses_an_untrusted_journal_and_leaves_it() {
     refused(
         &out,
         &format!(
-            "{}: not replayed: anyone may write it (mode 666); it was left in place",
+            "{}: not replayed: anyone may write it (mode 666), and a journal is replayed only when its owner alone may write it; it was left in place",
             j.display()
         ),
     );
@@ -657,7 +657,7 @@ fn recover_refuses_an_untrusted_journal_and_leaves_it() {
     let report = text(&out.stdout);
     assert!(
         report.contains(&format!(
-            "{}: not replayed: anyone may write it (mode 666); it was left in place (remove it if it is not from an interrupted ptefs commit); `ptefs recover` and mounts refuse {} until it is gone",
+            "{}: not replayed: anyone may write it (mode 666), and a journal is replayed only when its owner alone may write it; it was left in place (remove it as root if it is not from an interrupted ptefs commit); `ptefs recover` and mounts refuse {} until it is gone",
             j.display(),
             c.model.display()
         )),

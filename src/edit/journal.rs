@@ -16,15 +16,17 @@
 //!
 //! Invariants: the journal is created with `O_EXCL | O_NOFOLLOW` (see `beside`) and removed
 //! if writing it fails; at mount a journal is replayed only if it is a regular file owned by
-//! the model's owner, not writable by others, exactly as long as its header declares (its
-//! size from `fstat`), for a file of the model's size, covering only ranges an in-place
-//! commit may write, with a matching checksum; any other journal refuses the mount and is
-//! left where it is. Checking and replaying read the journal front to back through fixed windows
-//! (`window`): the memory they need does not grow with the journal, its range count or any
-//! number in it, and all arithmetic on its numbers is checked. The checksum is verified
-//! before a byte of the model is written; a replay reads every range again, checks it again
-//! and writes only bytes the model does not already hold, then fsyncs the model, and only
-//! then removes the journal: a crash during a replay leaves the journal for the next one.
+//! the model's owner that nobody else may write (mode bits and ACL, judged on the descriptor
+//! it is then read through, see `trust`), exactly as long as its header declares (its size
+//! from `fstat`), for a file of the model's size, covering only ranges an in-place commit
+//! may write, with a matching checksum; any other journal refuses the mount, is logged as an
+//! error naming it and why, and is left where it is. Checking and replaying read the journal
+//! front to back through fixed windows (`window`): the memory they need does not grow with
+//! the journal, its range count or any number in it, and all arithmetic on its numbers is
+//! checked. The checksum is verified before a byte of the model is written; a replay reads
+//! every range again, checks it again and writes only bytes the model does not already
+//! hold, then fsyncs the model, and only then removes the journal: a crash during a replay
+//! leaves the journal for the next one.
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
@@ -33,6 +35,7 @@ use std::path::{Path, PathBuf};
 
 use super::beside::{name_for, Beside};
 use super::source::Source;
+use super::trust;
 use super::window::Window;
 use crate::error::{Error, Result};
 use crate::format::range::ByteRange;
@@ -516,6 +519,10 @@ enum Found {
     Torn(String),
 }
 
+/// The advice every refusal of a journal ends with.
+const LEFT_IN_PLACE: &str =
+    "it was left in place (remove it as root if it is not from an interrupted ptefs commit)";
+
 /// Reads the journal of `model` (known as `path`) through `beside`, if there is one. An
 /// error is a refusal: the journal is not one this file's commits can have written.
 fn examine(path: &Path, model: &ModelFile, beside: &Beside) -> Result<Option<Found>> {
@@ -524,8 +531,9 @@ fn examine(path: &Path, model: &ModelFile, beside: &Beside) -> Result<Option<Fou
     let refuse = |why: String| {
         Error::new(
             libc::EPERM,
-            format!("{shown}: not replayed: {why}; it was left in place (remove it if it is not from an interrupted ptefs commit)"),
+            format!("{shown}: not replayed: {why}; {LEFT_IN_PLACE}"),
         )
+        .with_level(log::Level::Error)
     };
     let Some(j) = beside
         .open_existing(&name)
@@ -537,7 +545,10 @@ fn examine(path: &Path, model: &ModelFile, beside: &Beside) -> Result<Option<Fou
         .metadata()
         .map_err(|e| Error::io(format!("stat {shown}"), e))?;
     if !meta.file_type().is_file() {
-        return Err(refuse("it is not a regular file".into()));
+        return Err(refuse(format!(
+            "it is not a regular file (it is {})",
+            trust::describe(&meta)
+        )));
     }
     let model_meta = model
         .file
@@ -546,15 +557,14 @@ fn examine(path: &Path, model: &ModelFile, beside: &Beside) -> Result<Option<Fou
         .ok_or_else(|| Error::new(libc::EIO, format!("cannot stat {}", path.display())))?;
     if meta.uid() != model_meta.uid() {
         return Err(refuse(format!(
-            "it belongs to uid {}, the model to uid {}",
+            "it belongs to uid {}, the model to uid {} (a journal is its model owner's)",
             meta.uid(),
             model_meta.uid()
         )));
     }
-    if meta.mode() & 0o002 != 0 {
+    if let Some(why) = trust::others_may_write(&j, &meta) {
         return Err(refuse(format!(
-            "anyone may write it (mode {:o})",
-            meta.mode() & 0o7777
+            "{why}, and a journal is replayed only when its owner alone may write it"
         )));
     }
     let file_len = model.bytes().len() as u64;
@@ -820,6 +830,7 @@ mod tests {
             std::fs::write(&jp, journal_bytes(len, writes)).unwrap();
             let e = recover(&p).unwrap_err();
             assert!(e.message().contains(says), "{e}");
+            assert_eq!(e.level(), log::Level::Error);
             assert!(jp.exists());
             assert_eq!(std::fs::read(&p).unwrap(), original);
             std::fs::remove_file(&jp).unwrap();
@@ -885,6 +896,113 @@ mod tests {
         assert_eq!(std::fs::metadata(&p).unwrap().modified().unwrap(), before);
         assert_eq!(std::fs::read(&p).unwrap(), original);
         assert!(!journal_path(&p).exists());
+    }
+
+    /// Sets POSIX ACL `name` (access or default) of `path` to `entries` (tag, perm, id);
+    /// false when the file system has no ACLs.
+    fn set_acl(path: &Path, name: &std::ffi::CStr, entries: &[(u16, u16, u32)]) -> bool {
+        let mut raw = 2u32.to_le_bytes().to_vec();
+        for (tag, perm, id) in entries {
+            raw.extend_from_slice(&tag.to_le_bytes());
+            raw.extend_from_slice(&perm.to_le_bytes());
+            raw.extend_from_slice(&id.to_le_bytes());
+        }
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: valid C strings and a buffer of the given length.
+        let rc =
+            unsafe { libc::setxattr(c.as_ptr(), name.as_ptr(), raw.as_ptr().cast(), raw.len(), 0) };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            assert_eq!(e.raw_os_error(), Some(libc::EOPNOTSUPP), "setxattr: {e}");
+            return false;
+        }
+        true
+    }
+
+    /// A named user's entry of an ACL, under mask `mask`: rw for uid 54321.
+    fn acl_with_named_writer(mask: u16) -> [(u16, u16, u32); 5] {
+        [
+            (0x01, 6, u32::MAX),
+            (0x02, 6, 54321),
+            (0x04, 0, u32::MAX),
+            (0x10, mask, u32::MAX),
+            (0x20, 0, u32::MAX),
+        ]
+    }
+
+    #[test]
+    fn journals_others_may_write_through_group_bits_or_an_acl_are_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let (_d, p) = model_copy();
+        let seg = segment(&p);
+        let len = std::fs::metadata(&p).unwrap().len();
+        let original = std::fs::read(&p).unwrap();
+        let jp = journal_path(&p);
+        let new = [3u8; 4];
+        let journal = journal_bytes(len, &[(seg.start(), Source::Memory(&new))]);
+        let write = |mode: u32| {
+            let _ = std::fs::remove_file(&jp);
+            std::fs::write(&jp, &journal).unwrap();
+            std::fs::set_permissions(&jp, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        let refused = |says: &str| {
+            let e = recover(&p).unwrap_err();
+            assert!(e.message().contains(says), "{e}");
+            assert!(e.message().contains("it was left in place (remove it as root if it is not from an interrupted ptefs commit)"), "{e}");
+            assert_eq!(e.level(), log::Level::Error);
+            assert!(jp.exists());
+            assert_eq!(std::fs::read(&p).unwrap(), original);
+        };
+        let gid = std::fs::metadata(&p).unwrap().gid();
+        write(0o620);
+        refused(&format!("its group (gid {gid}) may write it (mode 620), and a journal is replayed only when its owner alone may write it"));
+        write(0o600);
+        if !set_acl(&jp, c"system.posix_acl_access", &acl_with_named_writer(6)) {
+            eprintln!("no ACLs on this file system: not tested");
+            return;
+        }
+        refused("its access ACL lets uid 54321 write it (mode 660)");
+        // The same entry under a mask that takes write away: only the owner may write.
+        write(0o600);
+        assert!(set_acl(
+            &jp,
+            c"system.posix_acl_access",
+            &acl_with_named_writer(0)
+        ));
+        assert!(matches!(recover(&p).unwrap(), Recovery::Replayed { .. }));
+        let s = seg.start() as usize;
+        assert_eq!(&std::fs::read(&p).unwrap()[s..s + 4], &new);
+    }
+
+    /// A directory whose default ACL lets another user write what is created in it: the
+    /// journal of a commit there gets that entry under a mask without write (its mode is
+    /// 0600), so it is still trusted.
+    #[test]
+    fn a_journal_under_a_default_acl_is_still_trusted() {
+        let (d, p) = model_copy();
+        if !set_acl(
+            d.path(),
+            c"system.posix_acl_default",
+            &acl_with_named_writer(6),
+        ) {
+            eprintln!("no ACLs on this file system: not tested");
+            return;
+        }
+        let seg = segment(&p);
+        let model = ModelFile::open_writable(&p).unwrap();
+        let new = [4u8; 4];
+        let writes = [(seg.start(), Source::Memory(&new))];
+        drop(begin(&model, &writes).unwrap());
+        assert!(journal_path(&p).exists());
+        assert_eq!(
+            recover(&p).unwrap(),
+            Recovery::Replayed {
+                ranges: 1,
+                bytes: 4
+            }
+        );
+        let s = seg.start() as usize;
+        assert_eq!(&std::fs::read(&p).unwrap()[s..s + 4], &new);
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod journal;
 pub mod relayout;
 mod requantize;
 pub mod source;
+mod trust;
 pub mod validate;
 mod window;
 
