@@ -682,6 +682,93 @@ fn a_journal_of_other_bytes_is_named_with_its_bytes_escaped() {
     assert!(!report.contains('\x1b'), "{report}");
 }
 
+/// Sets or clears `chattr +i` on `path`; false when it is gone or its file system has no
+/// such flag.
+fn set_immutable(path: &Path, on: bool) -> bool {
+    const IMMUTABLE: libc::c_int = 0x10;
+    let Ok(f) = std::fs::File::open(path) else {
+        return false;
+    };
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    let mut flags: libc::c_int = 0;
+    // SAFETY: FS_IOC_GETFLAGS and FS_IOC_SETFLAGS read and write one int.
+    if unsafe { libc::ioctl(fd, libc::FS_IOC_GETFLAGS, &mut flags) } != 0 {
+        return false;
+    }
+    flags = if on {
+        flags | IMMUTABLE
+    } else {
+        flags & !IMMUTABLE
+    };
+    // SAFETY: as above.
+    unsafe { libc::ioctl(fd, libc::FS_IOC_SETFLAGS, &flags) == 0 }
+}
+
+/// Clears `chattr +i` on a path when dropped, so the test's directory can be removed.
+struct Mutable<'a>(&'a Path);
+
+impl Drop for Mutable<'_> {
+    fn drop(&mut self) {
+        set_immutable(self.0, false);
+    }
+}
+
+#[test]
+fn an_immutable_journal_is_replayed_once_and_recover_says_it_cannot_be_removed() {
+    let c = copy_fixture("linear.pte");
+    let whole = interrupted_commit(&c.model);
+    tear(&c.model, &whole);
+    let j = journal::journal_path(&c.model);
+    if !set_immutable(&j, true) {
+        eprintln!("no immutable flag on this file system: not tested");
+        return;
+    }
+    let _mutable = Mutable(&j);
+    let bytes = ModelFile::open(&c.model).unwrap().writable_ranges()[0].len();
+    let fix = format!(
+        "but the journal cannot be removed (it is immutable): `chattr -i {0}`, then remove it. Until it is gone, `ptefs recover`, apply and read-write mounts replay it again and stop here: that writes nothing while {1} holds its bytes, but would undo a later change of those bytes made without ptefs",
+        j.display(),
+        c.model.display()
+    );
+    let out = ptefs(&[&"recover", &c.model]);
+    refused(
+        &out,
+        &format!(
+            "{}: finished an interrupted commit from its journal ({bytes} bytes in 1 range(s)); {fix}",
+            c.model.display()
+        ),
+    );
+    assert_eq!(std::fs::read(&c.model).unwrap(), whole);
+    assert!(j.exists());
+    // Again: the model holds the journal's bytes, nothing is written, and it says so.
+    let mtime = std::fs::metadata(&c.model).unwrap().modified().unwrap();
+    let out = ptefs(&[&"recover", &c.model]);
+    refused(
+        &out,
+        &format!(
+            "{}: already held every byte of its journal ({bytes} bytes in 1 range(s)), so it was replayed before; nothing was written; {fix}",
+            c.model.display()
+        ),
+    );
+    assert_eq!(
+        std::fs::metadata(&c.model).unwrap().modified().unwrap(),
+        mtime
+    );
+    assert_eq!(std::fs::read(&c.model).unwrap(), whole);
+    // A read-write mount stops there too.
+    if !fuse_missing() {
+        let mnt = subdir(&c.root, "mnt");
+        refused(&ptefs(&[&"mount", &c.model, &mnt]), &fix);
+        assert!(!is_mounted(&mnt));
+    }
+    // Once the flag is cleared, recover removes it.
+    assert!(set_immutable(&j, false));
+    let out = ptefs(&[&"recover", &c.model]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!j.exists());
+    assert_eq!(std::fs::read(&c.model).unwrap(), whole);
+}
+
 #[test]
 fn recover_is_refused_while_the_file_is_mounted() {
     if fuse_missing() {

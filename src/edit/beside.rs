@@ -82,6 +82,11 @@ impl<'a> Beside<'a> {
         Ok(Beside { model, dir })
     }
 
+    /// The model's directory, open.
+    pub fn dir(&self) -> &File {
+        self.dir
+    }
+
     /// The model's file name in its directory.
     pub fn model_name(&self) -> &OsStr {
         &self.model.name

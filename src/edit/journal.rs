@@ -26,7 +26,9 @@
 //! checked. The checksum is verified before a byte of the model is written; a replay reads
 //! every range again, checks it again and writes only bytes the model does not already
 //! hold, then fsyncs the model, and only then removes the journal: a crash during a replay
-//! leaves the journal for the next one.
+//! leaves the journal for the next one. A journal whose name cannot be removed after its
+//! replay (immutable) makes the recovery fail saying so: replayed again, it writes nothing
+//! while the model still holds its bytes.
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
@@ -599,7 +601,8 @@ pub fn pending(path: &Path) -> Result<Option<Pending>> {
 ///
 /// A replay is itself crash-safe: the journal keeps its name until the model's new bytes
 /// are durable, so a replay a crash interrupted is replayed again, which writes the same
-/// bytes.
+/// bytes. A journal whose name cannot be removed after its replay (`chattr +i`) is an error
+/// that says so; replayed again, it writes nothing, since the model already holds its bytes.
 pub fn recover(path: &Path) -> Result<Recovery> {
     if std::fs::symlink_metadata(journal_path(path)).is_err() {
         return Ok(Recovery::None);
@@ -625,13 +628,22 @@ pub fn recover(path: &Path) -> Result<Recovery> {
             )
         })?;
     let rules = RangeRules::new(model.bytes().len() as u64, &model.writable_ranges());
-    replay(&journal, &layout, rules, target)
+    let wrote = replay(&journal, &layout, rules, target)
         .map_err(|e| e.context(format!("replay {shown} into {}", path.display())))?;
     target
         .sync_data()
         .map_err(|e| Error::io(format!("fsync {}", path.display()), e))?;
     let ranges = usize::try_from(layout.ranges).unwrap_or(usize::MAX);
-    beside.remove(&name)?;
+    match beside.remove(&name) {
+        // Removed by someone else meanwhile: the replay is durable all the same.
+        Err(e) if e.errno() == libc::ENOENT => {}
+        Err(e) => {
+            return Err(unremovable(
+                path, &beside, &shown, &journal, &layout, wrote, e,
+            ))
+        }
+        Ok(()) => {}
+    }
     beside.sync()?;
     Ok(Recovery::Replayed {
         ranges,
@@ -687,6 +699,50 @@ fn replay(j: &File, layout: &Layout, mut rules: RangeRules, target: &File) -> Re
         return Err(changed("its checksum no longer matches".into()));
     }
     Ok(wrote)
+}
+
+/// The error of a recovery that replayed journal `j` (named `shown`) into `path` but could
+/// not remove it (`e`): what was done, why the name stays, how to remove it, and what a
+/// replay of it next time does.
+fn unremovable(
+    path: &Path, beside: &Beside, shown: &str, j: &File, layout: &Layout, wrote: bool, e: Error,
+) -> Error {
+    let model = path.display();
+    let what = format!("{} bytes in {} range(s)", layout.data_len, layout.ranges);
+    let done = if wrote {
+        format!("{model}: finished an interrupted commit from its journal ({what})")
+    } else {
+        format!("{model}: already held every byte of its journal ({what}), so it was replayed before; nothing was written")
+    };
+    let dir = path.parent().unwrap_or(Path::new("/")).display();
+    let (why, fix) = match (
+        trust::unremovable_flag(j),
+        trust::unremovable_flag(beside.dir()),
+    ) {
+        (Some(flag), _) => (
+            format!("it is {flag}"),
+            format!("`chattr -{} {shown}`, then remove it", flag_letter(flag)),
+        ),
+        (None, Some(flag)) => (
+            format!("its directory is {flag}"),
+            format!("`chattr -{} {dir}`, then remove {shown}", flag_letter(flag)),
+        ),
+        (None, None) => (e.message().to_string(), format!("remove {shown} as root")),
+    };
+    Error::new(
+        libc::EPERM,
+        format!("{done}; but the journal cannot be removed ({why}): {fix}. Until it is gone, `ptefs recover`, apply and read-write mounts replay it again and stop here: that writes nothing while {model} holds its bytes, but would undo a later change of those bytes made without ptefs"),
+    )
+    .with_level(log::Level::Error)
+}
+
+/// The `chattr` letter of a flag `trust::unremovable_flag` names.
+fn flag_letter(flag: &str) -> char {
+    if flag == "immutable" {
+        'i'
+    } else {
+        'a'
+    }
 }
 
 fn discard(beside: &Beside, name: &OsStr, why: String) -> Result<Recovery> {

@@ -1,11 +1,12 @@
-//! Whether a file found beside a model can only have been written by the model's owner (and
-//! root): what a journal must be before its bytes go into the model.
+//! What a file found beside a model is, judged on its open descriptor: whether only its
+//! owner (and root) can have written it, which a journal must be before its bytes go into
+//! the model; and whether a `chattr` flag keeps its name from being removed.
 //!
 //! Invariants: everything is judged on the open descriptor whose bytes are then read
-//! (`fstat`, `fgetxattr`), never by path; write access is judged as the kernel grants it:
-//! the group and other bits of the mode, and every entry of the POSIX access ACL (named
-//! users and groups through the ACL's mask); an ACL that cannot be read or parsed is not
-//! trusted.
+//! (`fstat`, `fgetxattr`, `FS_IOC_GETFLAGS`), never by path; write access is judged as the
+//! kernel grants it: the group and other bits of the mode, and every entry of the POSIX
+//! access ACL (named users and groups through the ACL's mask); an ACL that cannot be read or
+//! parsed is not trusted.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -137,6 +138,26 @@ fn acl_writers(raw: &[u8], owner: u32, mode: u32) -> Option<String> {
             writers.join(", ")
         )
     })
+}
+
+/// `chattr` flags that keep a file's name from being removed: "immutable" (`+i`) or
+/// "append-only" (`+a`), `None` when neither is set or the file system has no such flags.
+pub fn unremovable_flag(file: &File) -> Option<&'static str> {
+    const IMMUTABLE: libc::c_int = 0x10;
+    const APPEND: libc::c_int = 0x20;
+    let mut flags: libc::c_int = 0;
+    // SAFETY: FS_IOC_GETFLAGS writes one int through the pointer.
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) };
+    if rc != 0 {
+        return None;
+    }
+    if flags & IMMUTABLE != 0 {
+        Some("immutable")
+    } else if flags & APPEND != 0 {
+        Some("append-only")
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]
