@@ -452,6 +452,103 @@ fn another_users_file_at_the_journal_name_is_refused_with_its_owner_and_the_fix(
     }
 }
 
+/// `ptefs <args>` run as `user` with `env` (and nothing else of this process's
+/// environment but PATH).
+fn ptefs_as(user: (u32, u32), env: &[(&str, &Path)], args: &[&Path]) -> std::process::Output {
+    let mut cmd = Command::new("setpriv");
+    cmd.arg(format!("--reuid={}", user.0))
+        .arg(format!("--regid={}", user.1))
+        .arg("--clear-groups")
+        .arg(BIN)
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    run(&mut cmd)
+}
+
+#[test]
+fn a_runtime_directory_taken_by_another_user_is_refused_naming_it_and_never_used() {
+    let user = other_user();
+    let base = tempfile::tempdir().unwrap();
+    let base = base.path().canonicalize().unwrap();
+    std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Their model, in a directory of theirs.
+    let home = base.join("home");
+    std::fs::create_dir(&home).unwrap();
+    let model = home.join("m.pte");
+    std::fs::copy(linear(), &model).unwrap();
+    for p in [&home, &model] {
+        std::os::unix::fs::chown(p, Some(user.0), Some(user.1)).unwrap();
+    }
+    // A temporary directory every user shares, where someone else took their lock
+    // directory's name first.
+    let tmp = base.join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let taken = tmp.join(format!("ptefs-{}", user.0));
+    std::fs::create_dir(&taken).unwrap();
+    std::fs::set_permissions(&taken, std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::os::unix::fs::chown(&taken, Some(65534), Some(65534)).unwrap();
+    if Path::new(&format!("/run/user/{}", user.0)).exists() {
+        eprintln!("/run/user/{} exists: the fallback is not reached", user.0);
+        return;
+    }
+    let recover = |env: &[(&str, &Path)]| ptefs_as(user, env, &[Path::new("recover"), &model]);
+    let out = recover(&[("TMPDIR", &tmp)]);
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "{}: it is a directory of uid 65534, not of this user, so it cannot hold this user's (uid {}) ptefs lock files: remove it as root, or set XDG_RUNTIME_DIR to a directory of uid {} that nobody else may write",
+            taken.display(),
+            user.0,
+            user.0
+        )),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_dir(&taken).unwrap().count(), 0);
+    // A link there is not followed either.
+    std::fs::remove_dir(&taken).unwrap();
+    let elsewhere = base.join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::os::unix::fs::chown(&elsewhere, Some(user.0), Some(user.1)).unwrap();
+    std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &taken).unwrap();
+    let out = recover(&[("TMPDIR", &tmp)]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    assert!(
+        err.contains(&format!(
+            "{}: it is a symbolic link owned by uid 0, not a directory",
+            taken.display()
+        )),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+    // With a runtime directory of their own, nothing in the shared one matters.
+    let run_dir = base.join("run");
+    std::fs::create_dir(&run_dir).unwrap();
+    std::os::unix::fs::chown(&run_dir, Some(user.0), Some(user.1)).unwrap();
+    std::fs::set_permissions(&run_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let out = recover(&[("TMPDIR", &tmp), ("XDG_RUNTIME_DIR", &run_dir)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("no interrupted commit"));
+
+    // Root's commands never use the shared directory: the same name taken there blocks
+    // nothing.
+    let root_taken = tmp.join("ptefs-0");
+    std::fs::create_dir(&root_taken).unwrap();
+    std::os::unix::fs::chown(&root_taken, Some(65534), Some(65534)).unwrap();
+    let out = run(Command::new(BIN)
+        .arg("recover")
+        .arg(&model)
+        .env("TMPDIR", &tmp));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
 /// A journal (format 2) for `writes` into a file of `file_len` bytes.
 fn journal(file_len: u64, writes: &[(u64, &[u8])]) -> Vec<u8> {
     let mut j = b"PTEFSJ02".to_vec();

@@ -26,6 +26,7 @@ use crate::format::range::ByteRange;
 use crate::format::{Model, WriteTarget};
 
 pub use source::{Bytes, Source};
+pub use trust::describe as describe_file;
 pub use validate::{Change, Owner, Plan, Write};
 
 /// What a commit did to the files.
