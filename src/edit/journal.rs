@@ -559,7 +559,7 @@ fn examine(path: &Path, model: &ModelFile, beside: &Beside) -> Result<Option<Fou
         .ok_or_else(|| Error::new(libc::EIO, format!("cannot stat {}", path.display())))?;
     if meta.uid() != model_meta.uid() {
         return Err(refuse(format!(
-            "it belongs to uid {}, the model to uid {} (a journal is its model owner's)",
+            "it belongs to uid {}, the model to uid {} (ptefs gives a journal to the model's owner)",
             meta.uid(),
             model_meta.uid()
         )));
@@ -635,6 +635,7 @@ pub fn recover(path: &Path) -> Result<Recovery> {
         .map_err(|e| Error::io(format!("fsync {}", path.display()), e))?;
     let ranges = usize::try_from(layout.ranges).unwrap_or(usize::MAX);
     match beside.remove(&name) {
+        Ok(()) => {}
         // Removed by someone else meanwhile: the replay is durable all the same.
         Err(e) if e.errno() == libc::ENOENT => {}
         Err(e) => {
@@ -642,7 +643,6 @@ pub fn recover(path: &Path) -> Result<Recovery> {
                 path, &beside, &shown, &journal, &layout, wrote, e,
             ))
         }
-        Ok(()) => {}
     }
     beside.sync()?;
     Ok(Recovery::Replayed {
