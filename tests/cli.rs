@@ -8,7 +8,7 @@
 //! the tests that change `/dev` in a mount namespace of their own.
 
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -645,7 +645,7 @@ fn recover_refuses_an_untrusted_journal_and_leaves_it() {
     refused(
         &out,
         &format!(
-            "{}: not replayed: anyone may write it (mode 666); it was left in place",
+            "{}: not replayed: anyone may write it (mode 666), and a journal is replayed only when its owner alone may write it; it was left in place",
             j.display()
         ),
     );
@@ -657,7 +657,7 @@ fn recover_refuses_an_untrusted_journal_and_leaves_it() {
     let report = text(&out.stdout);
     assert!(
         report.contains(&format!(
-            "{}: not replayed: anyone may write it (mode 666); it was left in place (remove it if it is not from an interrupted ptefs commit); `ptefs recover` and mounts refuse {} until it is gone",
+            "{}: not replayed: anyone may write it (mode 666), and a journal is replayed only when its owner alone may write it; it was left in place (remove it as root if it is not from an interrupted ptefs commit); `ptefs recover` and mounts refuse {} until it is gone",
             j.display(),
             c.model.display()
         )),
@@ -682,6 +682,93 @@ fn a_journal_of_other_bytes_is_named_with_its_bytes_escaped() {
     assert!(!report.contains('\x1b'), "{report}");
 }
 
+/// Sets or clears `chattr +i` on `path`; false when it is gone or its file system has no
+/// such flag.
+fn set_immutable(path: &Path, on: bool) -> bool {
+    const IMMUTABLE: libc::c_int = 0x10;
+    let Ok(f) = std::fs::File::open(path) else {
+        return false;
+    };
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    let mut flags: libc::c_int = 0;
+    // SAFETY: FS_IOC_GETFLAGS and FS_IOC_SETFLAGS read and write one int.
+    if unsafe { libc::ioctl(fd, libc::FS_IOC_GETFLAGS, &mut flags) } != 0 {
+        return false;
+    }
+    flags = if on {
+        flags | IMMUTABLE
+    } else {
+        flags & !IMMUTABLE
+    };
+    // SAFETY: as above.
+    unsafe { libc::ioctl(fd, libc::FS_IOC_SETFLAGS, &flags) == 0 }
+}
+
+/// Clears `chattr +i` on a path when dropped, so the test's directory can be removed.
+struct Mutable<'a>(&'a Path);
+
+impl Drop for Mutable<'_> {
+    fn drop(&mut self) {
+        set_immutable(self.0, false);
+    }
+}
+
+#[test]
+fn an_immutable_journal_is_replayed_once_and_recover_says_it_cannot_be_removed() {
+    let c = copy_fixture("linear.pte");
+    let whole = interrupted_commit(&c.model);
+    tear(&c.model, &whole);
+    let j = journal::journal_path(&c.model);
+    if !set_immutable(&j, true) {
+        eprintln!("no immutable flag on this file system: not tested");
+        return;
+    }
+    let _mutable = Mutable(&j);
+    let bytes = ModelFile::open(&c.model).unwrap().writable_ranges()[0].len();
+    let fix = format!(
+        "but the journal cannot be removed (it is immutable): `chattr -i {0}`, then remove it. Until it is gone, `ptefs recover`, apply and read-write mounts replay it again and stop here: that writes nothing while {1} holds its bytes, but would undo a later change of those bytes made without ptefs",
+        j.display(),
+        c.model.display()
+    );
+    let out = ptefs(&[&"recover", &c.model]);
+    refused(
+        &out,
+        &format!(
+            "{}: finished an interrupted commit from its journal ({bytes} bytes in 1 range(s)); {fix}",
+            c.model.display()
+        ),
+    );
+    assert_eq!(std::fs::read(&c.model).unwrap(), whole);
+    assert!(j.exists());
+    // Again: the model holds the journal's bytes, nothing is written, and it says so.
+    let mtime = std::fs::metadata(&c.model).unwrap().modified().unwrap();
+    let out = ptefs(&[&"recover", &c.model]);
+    refused(
+        &out,
+        &format!(
+            "{}: already held every byte of its journal ({bytes} bytes in 1 range(s)), so it was replayed before; nothing was written; {fix}",
+            c.model.display()
+        ),
+    );
+    assert_eq!(
+        std::fs::metadata(&c.model).unwrap().modified().unwrap(),
+        mtime
+    );
+    assert_eq!(std::fs::read(&c.model).unwrap(), whole);
+    // A read-write mount stops there too.
+    if !fuse_missing() {
+        let mnt = subdir(&c.root, "mnt");
+        refused(&ptefs(&[&"mount", &c.model, &mnt]), &fix);
+        assert!(!is_mounted(&mnt));
+    }
+    // Once the flag is cleared, recover removes it.
+    assert!(set_immutable(&j, false));
+    let out = ptefs(&[&"recover", &c.model]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!j.exists());
+    assert_eq!(std::fs::read(&c.model).unwrap(), whole);
+}
+
 #[test]
 fn recover_is_refused_while_the_file_is_mounted() {
     if fuse_missing() {
@@ -693,6 +780,185 @@ fn recover_is_refused_while_the_file_is_mounted() {
         &out,
         &format!("is already mounted on {} (ptefs pid ", m.mnt.display()),
     );
+}
+
+/// `ptefs <args>` under `/usr/bin/time`: its output, its peak resident memory in bytes and
+/// its time in seconds. Panics when a signal ended it (an allocation that failed aborts).
+fn measured(args: &[&dyn AsRef<std::ffi::OsStr>]) -> (Output, u64, f64) {
+    let stats = tempfile::NamedTempFile::new().unwrap();
+    let mut cmd = Command::new("/usr/bin/time");
+    cmd.args(["-f", "%M %e", "-o"]).arg(stats.path()).arg(BIN);
+    for a in args {
+        cmd.arg(a);
+    }
+    let out = run(&mut cmd);
+    let said = std::fs::read_to_string(stats.path()).unwrap();
+    assert!(
+        !said.contains("terminated by signal"),
+        "{said}{}",
+        text(&out.stderr)
+    );
+    let last = said.lines().last().unwrap_or_default();
+    let (kib, secs) = last.split_once(' ').unwrap();
+    (
+        out,
+        kib.parse::<u64>().unwrap() << 10,
+        secs.parse().unwrap(),
+    )
+}
+
+/// What a command whose memory is bounded may use: the journal windows (a few MiB) and the
+/// process itself (about 7 MiB), with room to spare; far below what the journals of these
+/// tests declare or hold.
+const JOURNAL_MEMORY: u64 = 64 << 20;
+
+/// `measured`, asserting the memory bound and reporting the figures.
+fn bounded(what: &str, args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
+    let (out, peak, secs) = measured(args);
+    eprintln!("{what}: peak RSS {} KiB, {secs} s", peak >> 10);
+    assert!(
+        peak < JOURNAL_MEMORY,
+        "{what}: peak RSS {peak} bytes, over {JOURNAL_MEMORY}"
+    );
+    out
+}
+
+/// Creates `path` (mode 0600) holding `head`, `len` bytes long: the rest is a hole.
+fn sparse_file(path: &Path, head: &[u8], len: u64) {
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, head, 0).unwrap();
+    f.set_len(len).unwrap();
+}
+
+/// An 8 GiB `.ptd` that takes a few KiB of disk (two FLOAT[32768, 32768] tensors, each in a
+/// segment of 4 GiB) in a new directory; returns it and where its segments start.
+fn sparse_8_gib_ptd() -> (tempfile::TempDir, PathBuf, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().canonicalize().unwrap().join("big.ptd");
+    let base = common::safetensors::sparse_many_tensor_ptd(&model, 2, 32768);
+    assert_eq!(std::fs::metadata(&model).unwrap().len(), base + (8 << 30));
+    (dir, model, base)
+}
+
+/// A journal header (format 2) for a file of `file_len` bytes declaring `ranges` ranges.
+fn journal_header(file_len: u64, ranges: u64) -> Vec<u8> {
+    let mut h = b"PTEFSJ02".to_vec();
+    h.extend_from_slice(&file_len.to_le_bytes());
+    h.extend_from_slice(&ranges.to_le_bytes());
+    h
+}
+
+#[test]
+fn a_sparse_journal_declaring_a_range_per_byte_is_refused_in_bounded_memory() {
+    let (_dir, model, _) = sparse_8_gib_ptd();
+    let len = std::fs::metadata(&model).unwrap().len();
+    let j = journal::journal_path(&model);
+    // A range per byte of the model, over a table that is a hole: its size holds them all
+    // (128 GiB), 4 KiB of it on disk.
+    sparse_file(&j, &journal_header(len, len), 24 + 16 * len + 4);
+    let says = format!(
+        "{}: not replayed: range 0 (journal bytes 24..40): 0 bytes at 0 cover bytes no in-place commit writes (outside every segment and inline payload); it was left in place",
+        j.display()
+    );
+    let out = bounded("check", &[&"check", &model]);
+    assert!(!out.status.success());
+    assert!(text(&out.stdout).contains(&says), "{}", text(&out.stdout));
+    let out = bounded("info", &[&"info", &model]);
+    assert!(text(&out.stderr).contains(&says), "{}", text(&out.stderr));
+    let out = bounded("recover", &[&"recover", &model]);
+    refused(&out, &says);
+    let out = bounded(
+        "apply",
+        &[&"apply", &model, &model.with_file_name("u.safetensors")],
+    );
+    refused(&out, &says);
+    if !fuse_missing() {
+        let mnt = model.with_file_name("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        let out = ptefs(&[&"mount", &model, &mnt]);
+        assert!(!is_mounted(&mnt));
+        refused(&out, &says);
+    }
+    assert!(j.exists());
+
+    // The same count in a journal of 4 KiB: it cannot hold its table, so it is torn.
+    std::fs::remove_file(&j).unwrap();
+    sparse_file(&j, &journal_header(len, len), 4096);
+    let out = bounded("check", &[&"check", &model]);
+    let torn = format!(
+        "torn journal: 4096 bytes, shorter than its range table ({len} ranges; 4096 bytes hold at most 254)"
+    );
+    assert!(text(&out.stdout).contains(&torn), "{}", text(&out.stdout));
+    let out = bounded("recover", &[&"recover", &model]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains(&torn), "{}", text(&out.stdout));
+    assert!(!j.exists());
+}
+
+#[test]
+fn a_whole_journal_of_256_mib_is_checked_and_replayed_in_bounded_memory() {
+    let (_dir, model, base) = sparse_8_gib_ptd();
+    let len = std::fs::metadata(&model).unwrap().len();
+    // 4096 ranges of 64 KiB, 2 MiB apart across both segments, each starting with bytes the
+    // journal replaces (the rest of the model, and all of the journal's data, are holes).
+    const RANGES: u64 = 4096;
+    const RANGE: u64 = 64 << 10;
+    let at = |i: u64| base + i * (2 << 20);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&model)
+        .unwrap();
+    for i in 0..RANGES {
+        std::os::unix::fs::FileExt::write_all_at(&f, &[0x5a; 512], at(i)).unwrap();
+    }
+    drop(f);
+    let mut head = journal_header(len, RANGES);
+    for i in 0..RANGES {
+        head.extend_from_slice(&at(i).to_le_bytes());
+        head.extend_from_slice(&RANGE.to_le_bytes());
+    }
+    let data = RANGES * RANGE;
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&head);
+    let zeros = vec![0u8; 1 << 20];
+    for _ in 0..data / zeros.len() as u64 {
+        crc.update(&zeros);
+    }
+    let end = head.len() as u64 + data;
+    let j = journal::journal_path(&model);
+    sparse_file(&j, &head, end + 4);
+    let f = std::fs::OpenOptions::new().write(true).open(&j).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &crc.finalize().to_le_bytes(), end).unwrap();
+    drop(f);
+
+    let what = format!("{data} bytes in {RANGES} range(s)");
+    let out = bounded("check", &[&"check", &model]);
+    assert!(
+        text(&out.stdout).contains(&format!("an interrupted commit left this journal ({what})")),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = bounded("recover", &[&"recover", &model]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains(&format!(
+            "finished an interrupted commit from its journal ({what})"
+        )),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(!j.exists());
+    let f = std::fs::File::open(&model).unwrap();
+    let mut first = [1u8; 512];
+    for i in 0..RANGES {
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut first, at(i)).unwrap();
+        assert_eq!(first, [0; 512], "range {i} not replayed");
+    }
 }
 
 // ---- everyday use ----

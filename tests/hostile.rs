@@ -5,6 +5,7 @@
 //! They need root (to mount, to create a second user and to make a small tmpfs) and
 //! `/dev/fuse`, as in CI.
 
+use std::ffi::OsString;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -243,7 +244,9 @@ fn links_planted_beside_the_model_are_never_written_through() {
     if fuse_missing() {
         return;
     }
-    let m = Mount::new(&xnnpack(), &[], &[]);
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("log");
+    let m = Mount::new(&xnnpack(), &[], &["--log-file", log.to_str().unwrap()]);
     let victim = m.dir.path().join("victim");
     std::fs::write(&victim, b"precious").unwrap();
     let before = std::fs::read(&m.model).unwrap();
@@ -251,7 +254,6 @@ fn links_planted_beside_the_model_are_never_written_through() {
     let journal = m.dir.path().join(".linear_xnnpack.pte.ptefs-journal");
     std::os::unix::fs::symlink(&victim, &journal).unwrap();
     let seg = m.path("segments/0");
-    let len = std::fs::metadata(&seg).unwrap().len() as usize;
     let e = py_errno(
         "f = open(sys.argv[1], 'r+b')\nf.write(b'\\x01')\nf.close()",
         &[seg.to_str().unwrap()],
@@ -260,9 +262,23 @@ fn links_planted_beside_the_model_are_never_written_through() {
     assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
     assert_eq!(std::fs::read(&m.model).unwrap(), before);
     assert!(std::fs::symlink_metadata(&journal).unwrap().is_symlink());
+    // Logged as an error (the default log shows no less), saying what is in the way and
+    // what to do.
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    let line = logged
+        .lines()
+        .find(|l| l.contains(".linear_xnnpack.pte.ptefs-journal"))
+        .unwrap_or_else(|| panic!("not logged: {logged}"));
+    assert!(line.contains("ERROR"), "{line}");
+    assert!(
+        line.contains("(a symbolic link owned by uid 0 already has this name, and ptefs never writes into a file it did not create: remove it as root if it is not from an interrupted ptefs commit)"),
+        "{line}"
+    );
     std::fs::remove_file(&journal).unwrap();
 
-    // The re-layout file's first name, planted as a link: the daemon's pid is in its lock.
+    // Names a re-layout's new file had in earlier versions (pid and counter), and others
+    // with its prefix: the new file has no name until it is complete, then a random one,
+    // so none of them is in the way or written through.
     let dev = std::fs::metadata(&m.mnt).unwrap().dev();
     let lock = format!(
         "/run/ptefs/mount-{}:{}.lock",
@@ -272,33 +288,265 @@ fn links_planted_beside_the_model_are_never_written_through() {
     // The lock records the pid, the mountpoint and the model, each ended by a NUL.
     let record = std::fs::read_to_string(&lock).unwrap();
     let pid = record.split('\0').next().unwrap().to_string();
-    let planted = m
-        .dir
-        .path()
-        .join(format!(".linear_xnnpack.pte.ptefs-new.{pid}.0"));
-    std::os::unix::fs::symlink(&victim, &planted).unwrap();
+    let planted: Vec<PathBuf> = (0..4)
+        .map(|n| {
+            let p = m
+                .dir
+                .path()
+                .join(format!(".linear_xnnpack.pte.ptefs-new.{pid}.{n}"));
+            std::os::unix::fs::symlink(&victim, &p).unwrap();
+            p
+        })
+        .collect();
     let payload = m.path("plans/forward/delegates/0/processed.bin");
     let mut grown = std::fs::read(&payload).unwrap();
     grown.extend_from_slice(&[0; 100]);
     let new = m.dir.path().join("grown.bin");
     std::fs::write(&new, &grown).unwrap();
-    let copy = |want_ok: bool| {
-        let (ok, err) = sh(
-            None,
-            &format!("cp '{}' '{}'", new.display(), payload.display()),
-        );
-        assert_eq!(ok, want_ok, "{err}");
-    };
-    copy(false);
-    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
-    assert_eq!(std::fs::read(&m.model).unwrap(), before);
-    // The next attempt takes another name and succeeds; the planted link is untouched.
-    copy(true);
+    let (ok, err) = sh(
+        None,
+        &format!("cp '{}' '{}'", new.display(), payload.display()),
+    );
+    assert!(ok, "{err}");
     assert_eq!(std::fs::read(&payload).unwrap(), grown);
-    assert!(std::fs::symlink_metadata(&planted).unwrap().is_symlink());
+    for p in &planted {
+        assert!(std::fs::symlink_metadata(p).unwrap().is_symlink());
+    }
     assert!(std::fs::symlink_metadata(&m.model).unwrap().is_file());
     assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
-    let _ = len;
+    // Nothing else with the prefix is left behind.
+    let left: Vec<String> = std::fs::read_dir(m.dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".ptefs-new.") && !n.contains(&format!(".{pid}.")))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// A model owned by root in a directory every user may create names in (mode 1777, as a
+/// shared model directory may be), and the mountpoint beside it.
+fn shared_dir_model(model: &Path) -> Mount {
+    let c = common::copy_files(model, &[]);
+    let m = Mount::unmounted(c.dir, c.model, Vec::new(), &[]);
+    std::fs::set_permissions(m.dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    m
+}
+
+#[test]
+fn another_users_names_for_new_files_block_nothing() {
+    if fuse_missing() {
+        return;
+    }
+    let user = other_user();
+    let mut m = shared_dir_model(&xnnpack());
+    let dir = m.dir.path().to_path_buf();
+    let victim = dir.join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    // A file, a link and a FIFO of theirs, with the prefix of a re-layout's new files.
+    let prefix = dir.join(".linear_xnnpack.pte.ptefs-new.");
+    let q = |p: &Path| format!("'{}'", p.display());
+    let (ok, err) = sh(
+        Some(user),
+        &format!(
+            "printf theirs > {}0 && ln -s {} {}1 && mkfifo {}2",
+            q(&prefix),
+            q(&victim),
+            q(&prefix),
+            q(&prefix)
+        ),
+    );
+    assert!(ok, "{err}");
+    let planted: Vec<PathBuf> = (0..3)
+        .map(|n| PathBuf::from(format!("{}{n}", prefix.display())))
+        .collect();
+    // Recovery leaves them alone, saying whose they are, and is not refused.
+    let out = run(Command::new(BIN).arg("recover").arg(&m.model));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(
+        said.contains(&format!(
+            "{}0: left alone: it is a regular file owned by uid {}",
+            prefix.display(),
+            user.0
+        )),
+        "{said}"
+    );
+    assert!(said.contains("a FIFO owned by uid"), "{said}");
+    // A mount and a resizing commit go ahead.
+    m.mount();
+    let payload = m.path("plans/forward/delegates/0/processed.bin");
+    let mut grown = std::fs::read(&payload).unwrap();
+    grown.extend_from_slice(&[7; 64]);
+    std::fs::write(&payload, &grown).unwrap();
+    assert_eq!(std::fs::read(&payload).unwrap(), grown);
+    m.umount();
+    // And `ptefs apply` (the model's own weights, applied back).
+    let update = dir.join("update.safetensors");
+    let out = run(Command::new(BIN)
+        .arg("cat")
+        .arg(&m.model)
+        .arg("weights.safetensors"));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    std::fs::write(&update, &out.stdout).unwrap();
+    let out = run(Command::new(BIN).arg("apply").arg(&m.model).arg(&update));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for p in &planted {
+        assert!(
+            std::fs::symlink_metadata(p).is_ok(),
+            "{} removed",
+            p.display()
+        );
+    }
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+}
+
+#[test]
+fn another_users_file_at_the_journal_name_is_refused_with_its_owner_and_the_fix() {
+    if fuse_missing() {
+        return;
+    }
+    let user = other_user();
+    let m = shared_dir_model(&linear());
+    let journal = m.dir.path().join(".linear.pte.ptefs-journal");
+    let before = std::fs::read(&m.model).unwrap();
+    let q = format!("'{}'", journal.display());
+    for (script, what) in [
+        (format!("printf theirs > {q}"), "regular file"),
+        (format!("ln -s /etc/passwd {q}"), "symbolic link"),
+        (format!("mkfifo {q}"), "FIFO"),
+    ] {
+        let (ok, err) = sh(Some(user), &script);
+        assert!(ok, "{err}");
+        let owner = format!("owned by uid {}", user.0);
+        let fix = "it was left in place (remove it as root if it is not from an interrupted ptefs commit)";
+        for cmd in [
+            vec![OsString::from("recover"), m.model.clone().into()],
+            vec![
+                OsString::from("mount"),
+                m.model.clone().into(),
+                m.mnt.clone().into(),
+            ],
+        ] {
+            let out = run(Command::new(BIN).args(&cmd));
+            let err = text(&out.stderr);
+            assert!(!out.status.success(), "{cmd:?} with a {what}: {err}");
+            assert!(!common::is_mounted(&m.mnt));
+            assert!(
+                err.contains(&format!("{}: not replayed", journal.display())),
+                "{err}"
+            );
+            if what != "regular file" {
+                assert!(err.contains(&format!("{what} {owner}")), "{what}: {err}");
+            } else {
+                assert!(
+                    err.contains(&format!("it belongs to uid {}", user.0)),
+                    "{err}"
+                );
+            }
+            assert!(err.contains(fix), "{err}");
+        }
+        assert!(std::fs::symlink_metadata(&journal).is_ok());
+        assert_eq!(std::fs::read(&m.model).unwrap(), before);
+        std::fs::remove_file(&journal).unwrap();
+    }
+}
+
+/// `ptefs <args>` run as `user` with `env` (and nothing else of this process's
+/// environment but PATH).
+fn ptefs_as(user: (u32, u32), env: &[(&str, &Path)], args: &[&Path]) -> std::process::Output {
+    let mut cmd = Command::new("setpriv");
+    cmd.arg(format!("--reuid={}", user.0))
+        .arg(format!("--regid={}", user.1))
+        .arg("--clear-groups")
+        .arg(BIN)
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    run(&mut cmd)
+}
+
+#[test]
+fn a_runtime_directory_taken_by_another_user_is_refused_naming_it_and_never_used() {
+    let user = other_user();
+    let base = tempfile::tempdir().unwrap();
+    let base = base.path().canonicalize().unwrap();
+    std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Their model, in a directory of theirs.
+    let home = base.join("home");
+    std::fs::create_dir(&home).unwrap();
+    let model = home.join("m.pte");
+    std::fs::copy(linear(), &model).unwrap();
+    for p in [&home, &model] {
+        std::os::unix::fs::chown(p, Some(user.0), Some(user.1)).unwrap();
+    }
+    // A temporary directory every user shares, where someone else took their lock
+    // directory's name first.
+    let tmp = base.join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let taken = tmp.join(format!("ptefs-{}", user.0));
+    std::fs::create_dir(&taken).unwrap();
+    std::fs::set_permissions(&taken, std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::os::unix::fs::chown(&taken, Some(65534), Some(65534)).unwrap();
+    if Path::new(&format!("/run/user/{}", user.0)).exists() {
+        eprintln!("/run/user/{} exists: the fallback is not reached", user.0);
+        return;
+    }
+    let recover = |env: &[(&str, &Path)]| ptefs_as(user, env, &[Path::new("recover"), &model]);
+    let out = recover(&[("TMPDIR", &tmp)]);
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "{}: it is a directory of uid 65534, not of this user, so it cannot hold this user's (uid {}) ptefs lock files: remove it as root, or set XDG_RUNTIME_DIR to a directory of uid {} that nobody else may write",
+            taken.display(),
+            user.0,
+            user.0
+        )),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_dir(&taken).unwrap().count(), 0);
+    // A link there is not followed either.
+    std::fs::remove_dir(&taken).unwrap();
+    let elsewhere = base.join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::os::unix::fs::chown(&elsewhere, Some(user.0), Some(user.1)).unwrap();
+    std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &taken).unwrap();
+    let out = recover(&[("TMPDIR", &tmp)]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    assert!(
+        err.contains(&format!(
+            "{}: it is a symbolic link owned by uid 0, not a directory",
+            taken.display()
+        )),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+    // With a runtime directory of their own, nothing in the shared one matters.
+    let run_dir = base.join("run");
+    std::fs::create_dir(&run_dir).unwrap();
+    std::os::unix::fs::chown(&run_dir, Some(user.0), Some(user.1)).unwrap();
+    std::fs::set_permissions(&run_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let out = recover(&[("TMPDIR", &tmp), ("XDG_RUNTIME_DIR", &run_dir)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("no interrupted commit"));
+
+    // Root's commands never use the shared directory: the same name taken there blocks
+    // nothing.
+    let root_taken = tmp.join("ptefs-0");
+    std::fs::create_dir(&root_taken).unwrap();
+    std::os::unix::fs::chown(&root_taken, Some(65534), Some(65534)).unwrap();
+    let out = run(Command::new(BIN)
+        .arg("recover")
+        .arg(&model)
+        .env("TMPDIR", &tmp));
+    assert!(out.status.success(), "{}", text(&out.stderr));
 }
 
 /// A journal (format 2) for `writes` into a file of `file_len` bytes.

@@ -272,7 +272,8 @@ pub fn mount(req: &MountRequest) -> Result<()> {
             if !read_only {
                 return Err(e);
             }
-            log::warn!("{e}");
+            // A warning at least: the mount goes on without finishing the commit.
+            log::log!(e.level().min(log::Level::Warn), "{e}");
         }
     }
     if req.foreground {

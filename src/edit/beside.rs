@@ -6,7 +6,10 @@
 //! (`O_TMPFILE`) and named later with `linkat`, which like `O_EXCL` fails when the name
 //! exists; always mode 0600 and given the model's owner, so a name planted by another user
 //! (a symbolic link, a FIFO, a file of theirs) makes the creation fail instead of being
-//! written through; an existing
+//! written through, with an error-level refusal naming what has the name and whose it is. A
+//! file that needs no name of its own until it replaces the model (`create_unique`,
+//! `link_unique`) gets one ending in 64 random bits (`getrandom`), which nobody can plant
+//! ahead of it; only the journal's name is fixed, since recovery must find it. An existing
 //! file is opened only with `O_NOFOLLOW | O_NONBLOCK` and checked (`fstat`) before it is
 //! trusted; the model is replaced only by `renameat` within that directory, after checking
 //! that its name still names the mounted file.
@@ -56,6 +59,23 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
+/// How many random names `create_unique` and `link_unique` try: a second try is already
+/// one chance in 2^64 of meeting a name nobody planted.
+const UNIQUE_TRIES: usize = 8;
+
+/// `prefix` followed by 64 random bits in hexadecimal.
+fn unique_name(prefix: &[u8]) -> Result<OsString> {
+    let mut bits = [0u8; 8];
+    // SAFETY: a buffer of the given length.
+    let n = unsafe { libc::getrandom(bits.as_mut_ptr().cast(), bits.len(), 0) };
+    if n != bits.len() as isize {
+        return Err(last_error("getrandom"));
+    }
+    let mut name = prefix.to_vec();
+    name.extend_from_slice(format!("{:016x}", u64::from_ne_bytes(bits)).as_bytes());
+    Ok(OsString::from_vec(name))
+}
+
 fn c_name(name: &OsStr) -> Result<CString> {
     CString::new(name.as_bytes())
         .map_err(|_| Error::invalid(format!("{name:?}: a file name with NUL")))
@@ -80,6 +100,11 @@ impl<'a> Beside<'a> {
             )));
         }
         Ok(Beside { model, dir })
+    }
+
+    /// The model's directory, open.
+    pub fn dir(&self) -> &File {
+        self.dir
     }
 
     /// The model's file name in its directory.
@@ -110,12 +135,29 @@ impl<'a> Beside<'a> {
     }
 
     fn create_error(&self, name: &OsStr, e: std::io::Error) -> Error {
-        let why = if e.raw_os_error() == Some(libc::EEXIST) {
-            " (something already has this name: ptefs never writes into a file it did not create)"
-        } else {
-            ""
-        };
-        Error::io(format!("create {}{why}", self.shown(name)), e)
+        if e.raw_os_error() != Some(libc::EEXIST) {
+            return Error::io(format!("create {}", self.shown(name)), e);
+        }
+        // Nothing a commit creates is there before it: whatever is in the way needs a
+        // person, so the refusal is an error whatever the operation that met it.
+        Error::io(
+            format!(
+                "create {} ({} already has this name, and ptefs never writes into a file it did not create: remove it as root if it is not from an interrupted ptefs commit)",
+                self.shown(name),
+                self.what_is(name)
+            ),
+            e,
+        )
+        .with_level(log::Level::Error)
+    }
+
+    /// "a FIFO owned by uid 1001": what has `name` now, for messages (it may change at any
+    /// moment: nothing is decided on it).
+    fn what_is(&self, name: &OsStr) -> String {
+        match std::fs::symlink_metadata(self.model.path.with_file_name(name)) {
+            Ok(meta) => super::trust::describe(&meta),
+            Err(_) => "something".to_string(),
+        }
     }
 
     /// Gives a file this process created the model's owner and group.
@@ -194,6 +236,38 @@ impl<'a> Beside<'a> {
         Ok(true)
     }
 
+    /// Creates a new file whose name is `prefix` followed by 16 random hexadecimal digits,
+    /// as `create` does; returns it and its name. A name that exists (planted, or not
+    /// unique by chance) is passed over for another.
+    pub fn create_unique(&self, prefix: &[u8]) -> Result<(File, OsString)> {
+        let mut last = None;
+        for _ in 0..UNIQUE_TRIES {
+            let name = unique_name(prefix)?;
+            match self.create(&name) {
+                Ok(file) => return Ok((file, name)),
+                Err(e) if e.errno() == libc::EEXIST => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.expect("tried at least once"))
+    }
+
+    /// Gives `file`, an unnamed file of `create_unnamed`, a name made as `create_unique`
+    /// makes one; `Ok(None)` when this process may not name unnamed files (see `link`).
+    pub fn link_unique(&self, file: &File, prefix: &[u8]) -> Result<Option<OsString>> {
+        let mut last = None;
+        for _ in 0..UNIQUE_TRIES {
+            let name = unique_name(prefix)?;
+            match self.link(file, &name) {
+                Ok(true) => return Ok(Some(name)),
+                Ok(false) => return Ok(None),
+                Err(e) if e.errno() == libc::EEXIST => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.expect("tried at least once"))
+    }
+
     /// Opens an existing `name` for reading without following a link and without blocking
     /// on a FIFO; `None` when nothing has that name.
     pub fn open_existing(&self, name: &OsStr) -> Result<Option<File>> {
@@ -207,7 +281,11 @@ impl<'a> Beside<'a> {
                 Some(libc::ENOENT) => Ok(None),
                 Some(libc::ELOOP) => Err(Error::new(
                     libc::EPERM,
-                    format!("{} is a symbolic link", self.shown(name)),
+                    format!(
+                        "{} is a symbolic link ({})",
+                        self.shown(name),
+                        self.what_is(name)
+                    ),
                 )),
                 _ => Err(Error::io(format!("open {}", self.shown(name)), e)),
             };
@@ -318,5 +396,43 @@ mod tests {
         assert_eq!((meta.uid(), meta.gid()), (uid, gid));
         let again = beside.create(&name).unwrap_err();
         assert_eq!(again.errno(), libc::EEXIST, "{}", again.message());
+    }
+
+    #[test]
+    fn unique_names_are_new_and_a_planted_name_is_refused_as_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.pte");
+        let src =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/linear.pte");
+        std::fs::copy(src, &p).unwrap();
+        let model = ModelFile::open_writable(&p).unwrap();
+        let beside = Beside::of(&model).unwrap();
+        let prefix = b".m.pte.ptefs-new.";
+        let (_, a) = beside.create_unique(prefix).unwrap();
+        let (_, b) = beside.create_unique(prefix).unwrap();
+        assert_ne!(a, b);
+        for n in [&a, &b] {
+            let tail = &n.as_bytes()[prefix.len()..];
+            assert!(n.as_bytes().starts_with(prefix), "{n:?}");
+            assert_eq!(tail.len(), 16, "{n:?}");
+            assert!(tail.iter().all(u8::is_ascii_hexdigit), "{n:?}");
+        }
+        if let Some(unnamed) = beside.create_unnamed().unwrap() {
+            let name = beside.link_unique(&unnamed, prefix).unwrap().unwrap();
+            assert!(std::fs::symlink_metadata(dir.path().join(&name))
+                .unwrap()
+                .is_file());
+        }
+        // A fixed name something else has: refused, saying what has it.
+        let victim = dir.path().join("victim");
+        std::os::unix::fs::symlink(&victim, dir.path().join(".m.pte.x")).unwrap();
+        let e = beside.create(OsStr::new(".m.pte.x")).unwrap_err();
+        assert_eq!(e.errno(), libc::EEXIST);
+        assert_eq!(e.level(), log::Level::Error);
+        assert!(
+            e.message().contains("(a symbolic link owned by uid "),
+            "{e}"
+        );
+        assert!(!victim.exists());
     }
 }

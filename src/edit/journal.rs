@@ -10,21 +10,34 @@
 //! Journal layout (little-endian): magic `PTEFSJ02`, u64 file size, u64 range count, per
 //! range u64 offset and u64 length, then the bytes of every range in order, then a CRC-32 of
 //! everything before it. (`PTEFSJ01`, one range, is the layout of earlier versions and is
-//! still replayed.)
+//! still replayed.) Ranges are sorted and disjoint, each inside the file and inside one range
+//! an in-place commit writes (a segment or an inline payload); so a journal of `n` bytes
+//! holds at most `(n - 28) / 16` ranges, and never more than the file has bytes.
 //!
 //! Invariants: the journal is created with `O_EXCL | O_NOFOLLOW` (see `beside`) and removed
 //! if writing it fails; at mount a journal is replayed only if it is a regular file owned by
-//! the model's owner, not writable by others, exactly as long as its header declares, for a
-//! file of the model's size, and covers only ranges an in-place commit may write; any other
-//! journal refuses the mount and is left where it is.
+//! the model's owner that nobody else may write (mode bits and ACL, judged on the descriptor
+//! it is then read through, see `trust`), exactly as long as its header declares (its size
+//! from `fstat`), for a file of the model's size, covering only ranges an in-place commit
+//! may write, with a matching checksum; any other journal refuses the mount, is logged as an
+//! error naming it and why, and is left where it is. Checking and replaying read the journal
+//! front to back through fixed windows (`window`): the memory they need does not grow with
+//! the journal, its range count or any number in it, and all arithmetic on its numbers is
+//! checked. The checksum is verified before a byte of the model is written; a replay reads
+//! every range again, checks it again and writes only bytes the model does not already
+//! hold, then fsyncs the model, and only then removes the journal: a crash during a replay
+//! leaves the journal for the next one. A journal whose name cannot be removed after its
+//! replay (immutable) makes the recovery fail saying so: replayed again, it writes nothing
+//! while the model still holds its bytes.
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
-use std::io::Read;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use super::beside::{name_for, Beside};
+use super::trust;
+use super::window::Window;
 use crate::content::Source;
 use crate::error::{Error, Result};
 use crate::format::range::ByteRange;
@@ -275,11 +288,95 @@ pub enum Recovery {
     Discarded(String),
 }
 
-/// A parsed journal: the model size it was written for and its ranges.
-struct Parsed {
-    file_len: u64,
-    ranges: Vec<ByteRange>,
+/// Bytes of a journal read at a time when it is checked, and of its data and of the model
+/// each when it is replayed: what checking or replaying a journal holds in memory, whatever
+/// its size.
+const WINDOW: usize = 2 << 20;
+/// Bytes of the range table read at a time during a replay (beside the data's window).
+const TABLE_WINDOW: usize = 64 << 10;
+
+/// A whole journal's layout, read from its header and checked against its size and
+/// checksum. Its ranges are never held: a replay reads them from the file again.
+struct Layout {
+    /// Where the range table starts (after the header).
+    table_start: u64,
+    ranges: u64,
+    /// Where the bytes of the first range start (after the table).
     data_start: u64,
+    /// The bytes of all ranges.
+    data_len: u64,
+    /// The checksum stored at its end.
+    crc: u32,
+}
+
+/// The ranges of one journal, judged one after the other: each inside the model file, after
+/// the end of the one before (sorted, disjoint), and inside one range an in-place commit
+/// writes. Holds nothing per range of the journal.
+struct RangeRules {
+    file_len: u64,
+    /// The ranges an in-place commit writes, sorted by start, each with the furthest end of
+    /// it and those before it: a range is inside one of them exactly when the last one that
+    /// starts at or before it reaches its end.
+    writable: Vec<(u64, u64)>,
+    /// The index of the next range.
+    next: u64,
+    end_of_previous: u64,
+}
+
+impl RangeRules {
+    fn new(file_len: u64, writable: &[ByteRange]) -> RangeRules {
+        let mut sorted = writable.to_vec();
+        sorted.sort_by_key(|r| r.start());
+        let mut reach = 0;
+        let writable = sorted
+            .iter()
+            .map(|r| {
+                reach = reach.max(r.end());
+                (r.start(), reach)
+            })
+            .collect();
+        RangeRules {
+            file_len,
+            writable,
+            next: 0,
+            end_of_previous: 0,
+        }
+    }
+
+    /// Checks the next range, `len` bytes at `offset`, whose entry is at byte `at` of the
+    /// journal.
+    fn check(&mut self, offset: u64, len: u64, at: u64) -> std::result::Result<ByteRange, String> {
+        let k = self.next;
+        let entry = format!(
+            "range {k} (journal bytes {at}..{})",
+            at.saturating_add(RANGE_LEN)
+        );
+        let file_len = self.file_len;
+        let r = ByteRange::new(offset, len)
+            .filter(|r| r.end() <= file_len)
+            .ok_or_else(|| {
+                format!("{entry}: {len} bytes at {offset} end past the end of the model file (expected at most {file_len} bytes from the start)")
+            })?;
+        if offset < self.end_of_previous {
+            return Err(format!(
+                "{entry}: {len} bytes at {offset} start before the end of range {} at {}: expected sorted, disjoint ranges",
+                k - 1,
+                self.end_of_previous
+            ));
+        }
+        let last = self.writable.partition_point(|&(start, _)| start <= offset);
+        let covered = last
+            .checked_sub(1)
+            .is_some_and(|i| self.writable[i].1 >= r.end());
+        if !covered {
+            return Err(format!(
+                "{entry}: {len} bytes at {offset} cover bytes no in-place commit writes (outside every segment and inline payload)"
+            ));
+        }
+        self.end_of_previous = r.end();
+        self.next += 1;
+        Ok(r)
+    }
 }
 
 /// Why a journal is not replayed.
@@ -290,20 +387,38 @@ enum Verdict {
     Untrusted(String),
 }
 
-/// Reads a journal's header, checking it against the model (a file of `file_len` bytes whose
-/// in-place writable ranges are `writable`) and the journal's own size.
-fn parse_header(
+/// A failed read of a journal: one that ended early changed under the reader (it was
+/// measured first) and is torn; any other failure leaves it alone.
+fn read_failed(e: std::io::Error) -> Verdict {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        Verdict::Torn("it changed while being read".into())
+    } else {
+        Verdict::Untrusted(format!("cannot read it: {e}"))
+    }
+}
+
+/// Checks journal `j` of `size` bytes (its `fstat`) against the model (a file of `file_len`
+/// bytes whose in-place writable ranges are `writable`): its header, every range, its
+/// length and its checksum, reading it once from front to back through a fixed window.
+fn check_journal(
     j: &File, size: u64, file_len: u64, writable: &[ByteRange],
-) -> std::result::Result<Parsed, Verdict> {
+) -> std::result::Result<Layout, Verdict> {
     let torn = |what: String| Verdict::Torn(what);
     let untrusted = |what: String| Verdict::Untrusted(what);
-    let mut head = [0u8; HEADER_LEN as usize];
     if size < 8 {
         return Err(torn(format!("{size} bytes, no complete header")));
     }
-    let n = j
-        .read_at(&mut head, 0)
-        .map_err(|e| untrusted(format!("cannot read it: {e}")))?;
+    // Magic, file size, then the range count (v2) or the one range (v1).
+    let mut head = [0u8; 32];
+    let mut n = 0;
+    while n < head.len() {
+        match j.read_at(&mut head[n..], n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(untrusted(format!("cannot read it: {e}"))),
+        }
+    }
     let magic = &head[..8];
     let v1 = magic == MAGIC_V1;
     if magic != MAGIC && !v1 {
@@ -313,75 +428,59 @@ fn parse_header(
             crate::format::header::printable(magic)
         )));
     }
-    if (n as u64) < HEADER_LEN {
+    let (table_start, header_len) = if v1 {
+        (16, 32)
+    } else {
+        (HEADER_LEN, HEADER_LEN)
+    };
+    if size < header_len || (n as u64) < header_len {
         return Err(torn(format!("{size} bytes, no complete header")));
     }
-    let u64_at = |b: &[u8], i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-    let journal_file_len = u64_at(&head, 8);
+    let u64_at = |i: usize| u64::from_le_bytes(head[i..i + 8].try_into().expect("8 bytes"));
+    let journal_file_len = u64_at(8);
     if journal_file_len != file_len {
         return Err(untrusted(format!(
             "it is for a file of {journal_file_len} bytes, the model has {file_len}"
         )));
     }
-    let mut ranges = Vec::new();
-    let data_start;
-    if v1 {
-        // One range: offset at 16, length at 24.
-        let mut rest = [0u8; 8];
-        if size < 32
-            || j.read_at(&mut rest, 24)
-                .map_err(|e| untrusted(e.to_string()))?
-                < 8
-        {
-            return Err(torn(format!("{size} bytes, no complete header")));
-        }
-        let (offset, len) = (u64_at(&head, 16), u64::from_le_bytes(rest));
-        ranges.push((offset, len));
-        data_start = 32;
-    } else {
-        let count = u64_at(&head, 16);
-        // Ranges are disjoint and inside the file: there cannot be more than its bytes.
-        if count > file_len.max(1) {
-            return Err(untrusted(format!(
-                "it declares {count} ranges for a file of {file_len} bytes"
-            )));
-        }
-        let table_len = count * RANGE_LEN;
-        data_start = HEADER_LEN + table_len;
-        if size < data_start {
-            return Err(torn(format!("{size} bytes, shorter than its range table")));
-        }
-        let mut table = vec![0u8; table_len as usize];
-        j.read_exact_at(&mut table, HEADER_LEN)
-            .map_err(|e| untrusted(format!("cannot read it: {e}")))?;
-        for k in 0..count as usize {
-            ranges.push((u64_at(&table, k * 16), u64_at(&table, k * 16 + 8)));
-        }
+    let ranges = if v1 { 1 } else { u64_at(16) };
+    // Ranges are disjoint and inside the file: there cannot be more than its bytes.
+    if ranges > file_len.max(1) {
+        return Err(untrusted(format!(
+            "it declares {ranges} ranges for a file of {file_len} bytes"
+        )));
     }
-    let mut out = Vec::with_capacity(ranges.len());
+    // Nor more than its own size holds entries for: the count is checked against the bytes
+    // there are, not trusted.
+    let room = size.saturating_sub(table_start + CRC_LEN) / RANGE_LEN;
+    if ranges > room {
+        return Err(torn(format!(
+            "{size} bytes, shorter than its range table ({ranges} ranges; {size} bytes hold at most {room})"
+        )));
+    }
+    let data_start = ranges
+        .checked_mul(RANGE_LEN)
+        .and_then(|t| t.checked_add(table_start))
+        .filter(|&d| d <= size - CRC_LEN)
+        .ok_or_else(|| torn(format!("{size} bytes, shorter than its range table")))?;
+    let mut w = Window::new(j, 0, size - CRC_LEN, WINDOW);
+    w.skip(table_start).map_err(read_failed)?;
+    let mut rules = RangeRules::new(file_len, writable);
     let mut data_len = 0u64;
-    let mut end_of_previous = 0;
-    for (offset, len) in ranges {
-        let r = ByteRange::new(offset, len)
-            .filter(|r| r.end() <= file_len && offset >= end_of_previous)
-            .ok_or_else(|| {
-                untrusted(format!(
-                    "range {offset}+{len} is outside the file or out of order"
-                ))
-            })?;
-        if !writable
-            .iter()
-            .any(|w| w.start() <= r.start() && r.end() <= w.end())
-        {
-            return Err(untrusted(format!(
-                "range {offset}+{len} covers bytes no in-place commit writes (outside every segment and inline payload)"
-            )));
-        }
-        end_of_previous = r.end();
-        data_len += len;
-        out.push(r);
+    for _ in 0..ranges {
+        let at = w.position();
+        let offset = w.u64().map_err(read_failed)?;
+        let len = w.u64().map_err(read_failed)?;
+        let r = rules.check(offset, len, at).map_err(untrusted)?;
+        // Disjoint ranges inside the file: their sum is at most its size.
+        data_len = data_len.checked_add(r.len()).ok_or_else(|| {
+            untrusted(format!("its ranges add up to more than {} bytes", u64::MAX))
+        })?;
     }
-    let declared = data_start + data_len + CRC_LEN;
+    let declared = data_start
+        .checked_add(data_len)
+        .and_then(|n| n.checked_add(CRC_LEN))
+        .ok_or_else(|| untrusted(format!("it declares more than {} bytes", u64::MAX)))?;
     if size > declared {
         return Err(untrusted(format!(
             "{size} bytes, more than the {declared} its header declares"
@@ -390,10 +489,20 @@ fn parse_header(
     if size < declared {
         return Err(torn(format!("{size} bytes, expected {declared}")));
     }
-    Ok(Parsed {
-        file_len,
-        ranges: out,
+    w.skip(data_len).map_err(read_failed)?;
+    let mut stored = [0u8; CRC_LEN as usize];
+    j.read_exact_at(&mut stored, size - CRC_LEN)
+        .map_err(read_failed)?;
+    let crc = u32::from_le_bytes(stored);
+    if w.crc().finalize() != crc {
+        return Err(torn("checksum mismatch".into()));
+    }
+    Ok(Layout {
+        table_start,
+        ranges,
         data_start,
+        data_len,
+        crc,
     })
 }
 
@@ -408,9 +517,13 @@ pub enum Pending {
 
 /// A journal read and judged against the model file it sits beside.
 enum Found {
-    Whole { parsed: Parsed, all: Vec<u8> },
+    Whole { layout: Layout, journal: File },
     Torn(String),
 }
+
+/// The advice every refusal of a journal ends with.
+const LEFT_IN_PLACE: &str =
+    "it was left in place (remove it as root if it is not from an interrupted ptefs commit)";
 
 /// Reads the journal of `model` (known as `path`) through `beside`, if there is one. An
 /// error is a refusal: the journal is not one this file's commits can have written.
@@ -420,8 +533,9 @@ fn examine(path: &Path, model: &ModelFile, beside: &Beside) -> Result<Option<Fou
     let refuse = |why: String| {
         Error::new(
             libc::EPERM,
-            format!("{shown}: not replayed: {why}; it was left in place (remove it if it is not from an interrupted ptefs commit)"),
+            format!("{shown}: not replayed: {why}; {LEFT_IN_PLACE}"),
         )
+        .with_level(log::Level::Error)
     };
     let Some(j) = beside
         .open_existing(&name)
@@ -433,7 +547,10 @@ fn examine(path: &Path, model: &ModelFile, beside: &Beside) -> Result<Option<Fou
         .metadata()
         .map_err(|e| Error::io(format!("stat {shown}"), e))?;
     if !meta.file_type().is_file() {
-        return Err(refuse("it is not a regular file".into()));
+        return Err(refuse(format!(
+            "it is not a regular file (it is {})",
+            trust::describe(&meta)
+        )));
     }
     let model_meta = model
         .file
@@ -442,39 +559,22 @@ fn examine(path: &Path, model: &ModelFile, beside: &Beside) -> Result<Option<Fou
         .ok_or_else(|| Error::new(libc::EIO, format!("cannot stat {}", path.display())))?;
     if meta.uid() != model_meta.uid() {
         return Err(refuse(format!(
-            "it belongs to uid {}, the model to uid {}",
+            "it belongs to uid {}, the model to uid {} (ptefs gives a journal to the model's owner)",
             meta.uid(),
             model_meta.uid()
         )));
     }
-    if meta.mode() & 0o002 != 0 {
+    if let Some(why) = trust::others_may_write(&j, &meta) {
         return Err(refuse(format!(
-            "anyone may write it (mode {:o})",
-            meta.mode() & 0o7777
+            "{why}, and a journal is replayed only when its owner alone may write it"
         )));
     }
     let file_len = model.len();
-    let parsed = match parse_header(&j, meta.len(), file_len, &model.writable_ranges()) {
-        Ok(p) => p,
-        Err(Verdict::Untrusted(why)) => return Err(refuse(why)),
-        Err(Verdict::Torn(why)) => return Ok(Some(Found::Torn(format!("torn journal: {why}")))),
-    };
-    // Bounded: the header was checked against the file's size above.
-    let mut all = Vec::with_capacity(meta.len() as usize);
-    (&j).take(meta.len())
-        .read_to_end(&mut all)
-        .map_err(|e| Error::io(format!("read {shown}"), e))?;
-    if all.len() as u64 != meta.len() {
-        return Ok(Some(Found::Torn(
-            "torn journal: it changed while being read".into(),
-        )));
+    match check_journal(&j, meta.len(), file_len, &model.writable_ranges()) {
+        Ok(layout) => Ok(Some(Found::Whole { layout, journal: j })),
+        Err(Verdict::Untrusted(why)) => Err(refuse(why)),
+        Err(Verdict::Torn(why)) => Ok(Some(Found::Torn(format!("torn journal: {why}")))),
     }
-    let body_end = all.len() - CRC_LEN as usize;
-    let sum = u32::from_le_bytes(all[body_end..].try_into().expect("4 bytes"));
-    if crc32fast::hash(&all[..body_end]) != sum {
-        return Ok(Some(Found::Torn("torn journal: checksum mismatch".into())));
-    }
-    Ok(Some(Found::Whole { parsed, all }))
 }
 
 /// The journal beside `path`, judged as `recover` would judge it, without writing: `None`
@@ -489,15 +589,20 @@ pub fn pending(path: &Path) -> Result<Option<Pending>> {
     Ok(match examine(path, &model, &beside)? {
         None => None,
         Some(Found::Torn(why)) => Some(Pending::Torn(why)),
-        Some(Found::Whole { parsed, .. }) => Some(Pending::Whole {
-            ranges: parsed.ranges.len(),
-            bytes: parsed.ranges.iter().map(|r| r.len()).sum(),
+        Some(Found::Whole { layout, .. }) => Some(Pending::Whole {
+            ranges: usize::try_from(layout.ranges).unwrap_or(usize::MAX),
+            bytes: layout.data_len,
         }),
     })
 }
 
 /// Replays or discards a journal left beside `path` by an interrupted commit, or refuses
 /// (an error naming the journal and why) when it is not one this file's commits wrote.
+///
+/// A replay is itself crash-safe: the journal keeps its name until the model's new bytes
+/// are durable, so a replay a crash interrupted is replayed again, which writes the same
+/// bytes. A journal whose name cannot be removed after its replay (`chattr +i`) is an error
+/// that says so; replayed again, it writes nothing, since the model already holds its bytes.
 pub fn recover(path: &Path) -> Result<Recovery> {
     if std::fs::symlink_metadata(journal_path(path)).is_err() {
         return Ok(Recovery::None);
@@ -507,10 +612,10 @@ pub fn recover(path: &Path) -> Result<Recovery> {
     let beside = Beside::of(&model)?;
     let name = journal_name(beside.model_name());
     let shown = beside.shown(&name);
-    let (parsed, all) = match examine(path, &model, &beside)? {
+    let (layout, journal) = match examine(path, &model, &beside)? {
         None => return Ok(Recovery::None),
         Some(Found::Torn(why)) => return discard(&beside, &name, why),
-        Some(Found::Whole { parsed, all }) => (parsed, all),
+        Some(Found::Whole { layout, journal }) => (layout, journal),
     };
     let target = model
         .file
@@ -522,26 +627,122 @@ pub fn recover(path: &Path) -> Result<Recovery> {
                 format!("{} cannot be opened for writing", path.display()),
             )
         })?;
-    debug_assert_eq!(parsed.file_len, model.len());
-    let mut at = parsed.data_start as usize;
-    let mut bytes = 0;
-    for r in &parsed.ranges {
-        let data = &all[at..at + r.len() as usize];
-        target
-            .write_all_at(data, r.start())
-            .map_err(|e| Error::io(format!("replay {shown} into {}", path.display()), e))?;
-        at += r.len() as usize;
-        bytes += r.len();
-    }
+    let rules = RangeRules::new(model.len(), &model.writable_ranges());
+    let wrote = replay(&journal, &layout, rules, target)
+        .map_err(|e| e.context(format!("replay {shown} into {}", path.display())))?;
     target
         .sync_data()
         .map_err(|e| Error::io(format!("fsync {}", path.display()), e))?;
-    beside.remove(&name)?;
+    let ranges = usize::try_from(layout.ranges).unwrap_or(usize::MAX);
+    match beside.remove(&name) {
+        Ok(()) => {}
+        // Removed by someone else meanwhile: the replay is durable all the same.
+        Err(e) if e.errno() == libc::ENOENT => {}
+        Err(e) => {
+            return Err(unremovable(
+                path, &beside, &shown, &journal, &layout, wrote, e,
+            ))
+        }
+    }
     beside.sync()?;
     Ok(Recovery::Replayed {
-        ranges: parsed.ranges.len(),
-        bytes,
+        ranges,
+        bytes: layout.data_len,
     })
+}
+
+/// Writes every range of the checked journal `j` into `target`, reading the table and the
+/// data again through windows, each range checked again as it is read; a byte the model
+/// already holds is not written. Returns whether anything was written.
+fn replay(j: &File, layout: &Layout, mut rules: RangeRules, target: &File) -> Result<bool> {
+    let read = |e| Error::io("read", e);
+    let mut table = Window::new(j, 0, layout.data_start, TABLE_WINDOW);
+    table.skip(layout.table_start).map_err(read)?;
+    let data_end = layout.data_start.saturating_add(layout.data_len);
+    let mut data = Window::new(j, layout.data_start, data_end, WINDOW);
+    let mut current = vec![
+        0u8;
+        usize::try_from(layout.data_len)
+            .unwrap_or(usize::MAX)
+            .clamp(1, WINDOW)
+    ];
+    let changed = |why: String| {
+        Error::new(libc::EIO, format!("it changed since it was checked: {why}"))
+            .with_level(log::Level::Error)
+    };
+    let mut wrote = false;
+    for _ in 0..layout.ranges {
+        let at = table.position();
+        let offset = table.u64().map_err(read)?;
+        let len = table.u64().map_err(read)?;
+        let r = rules.check(offset, len, at).map_err(changed)?;
+        let mut done = 0;
+        while done < r.len() {
+            let chunk = data.take(r.len() - done).map_err(read)?;
+            let here = r.start() + done;
+            let now = &mut current[..chunk.len()];
+            target
+                .read_exact_at(now, here)
+                .map_err(|e| Error::io(format!("read {} bytes at {here}", chunk.len()), e))?;
+            if now != chunk {
+                target
+                    .write_all_at(chunk, here)
+                    .map_err(|e| Error::io(format!("write {} bytes at {here}", chunk.len()), e))?;
+                wrote = true;
+            }
+            done += chunk.len() as u64;
+        }
+    }
+    let mut crc = table.crc();
+    crc.combine(&data.crc());
+    if crc.finalize() != layout.crc {
+        return Err(changed("its checksum no longer matches".into()));
+    }
+    Ok(wrote)
+}
+
+/// The error of a recovery that replayed journal `j` (named `shown`) into `path` but could
+/// not remove it (`e`): what was done, why the name stays, how to remove it, and what a
+/// replay of it next time does.
+fn unremovable(
+    path: &Path, beside: &Beside, shown: &str, j: &File, layout: &Layout, wrote: bool, e: Error,
+) -> Error {
+    let model = path.display();
+    let what = format!("{} bytes in {} range(s)", layout.data_len, layout.ranges);
+    let done = if wrote {
+        format!("{model}: finished an interrupted commit from its journal ({what})")
+    } else {
+        format!("{model}: already held every byte of its journal ({what}), so it was replayed before; nothing was written")
+    };
+    let dir = path.parent().unwrap_or(Path::new("/")).display();
+    let (why, fix) = match (
+        trust::unremovable_flag(j),
+        trust::unremovable_flag(beside.dir()),
+    ) {
+        (Some(flag), _) => (
+            format!("it is {flag}"),
+            format!("`chattr -{} {shown}`, then remove it", flag_letter(flag)),
+        ),
+        (None, Some(flag)) => (
+            format!("its directory is {flag}"),
+            format!("`chattr -{} {dir}`, then remove {shown}", flag_letter(flag)),
+        ),
+        (None, None) => (e.message().to_string(), format!("remove {shown} as root")),
+    };
+    Error::new(
+        libc::EPERM,
+        format!("{done}; but the journal cannot be removed ({why}): {fix}. Until it is gone, `ptefs recover`, apply and read-write mounts replay it again and stop here: that writes nothing while {model} holds its bytes, but would undo a later change of those bytes made without ptefs"),
+    )
+    .with_level(log::Level::Error)
+}
+
+/// The `chattr` letter of a flag `trust::unremovable_flag` names.
+fn flag_letter(flag: &str) -> char {
+    if flag == "immutable" {
+        'i'
+    } else {
+        'a'
+    }
 }
 
 fn discard(beside: &Beside, name: &OsStr, why: String) -> Result<Recovery> {
@@ -671,6 +872,193 @@ mod tests {
         // SAFETY: a valid C string.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         refused("not a regular file");
+    }
+
+    #[test]
+    fn bad_ranges_are_refused_naming_the_range_where_it_is_and_what_was_expected() {
+        let (_d, p) = model_copy();
+        let s = segment(&p).start();
+        let len = std::fs::metadata(&p).unwrap().len();
+        let original = std::fs::read(&p).unwrap();
+        let jp = journal_path(&p);
+        let four = [1u8; 4];
+        let refused = |writes: &[RangeWrite], says: &str| {
+            std::fs::write(&jp, journal_bytes(len, writes)).unwrap();
+            let e = recover(&p).unwrap_err();
+            assert!(e.message().contains(says), "{e}");
+            assert_eq!(e.level(), log::Level::Error);
+            assert!(jp.exists());
+            assert_eq!(std::fs::read(&p).unwrap(), original);
+            std::fs::remove_file(&jp).unwrap();
+        };
+        refused(
+            &[(s + 8, Source::Memory(&four)), (s, Source::Memory(&four))],
+            &format!("range 1 (journal bytes 40..56): 4 bytes at {s} start before the end of range 0 at {}: expected sorted, disjoint ranges", s + 12),
+        );
+        refused(
+            &[(s, Source::Memory(&[1; 8])), (s + 4, Source::Memory(&four))],
+            &format!("range 1 (journal bytes 40..56): 4 bytes at {} start before the end of range 0 at {}", s + 4, s + 8),
+        );
+        refused(
+            &[(len - 2, Source::Memory(&four))],
+            &format!("range 0 (journal bytes 24..40): 4 bytes at {} end past the end of the model file (expected at most {len} bytes from the start)", len - 2),
+        );
+        refused(
+            &[(u64::MAX - 1, Source::Memory(&four))],
+            &format!(
+                "4 bytes at {} end past the end of the model file",
+                u64::MAX - 1
+            ),
+        );
+    }
+
+    #[test]
+    fn a_range_count_the_journal_cannot_hold_is_torn() {
+        let (_d, p) = model_copy();
+        let s = segment(&p).start();
+        let len = std::fs::metadata(&p).unwrap().len();
+        let mut j = journal_bytes(len, &[(s, Source::Memory(&[1; 4]))]);
+        // Declares 50 ranges: 24 + 50 * 16 + 4 bytes at least, and it has 48.
+        j[16..24].copy_from_slice(&50u64.to_le_bytes());
+        std::fs::write(journal_path(&p), &j).unwrap();
+        assert_eq!(
+            recover(&p).unwrap(),
+            Recovery::Discarded(
+                "torn journal: 48 bytes, shorter than its range table (50 ranges; 48 bytes hold at most 1)".into()
+            )
+        );
+    }
+
+    #[test]
+    fn a_journal_the_model_already_holds_is_replayed_without_writing() {
+        let (_d, p) = model_copy();
+        let seg = segment(&p);
+        let len = std::fs::metadata(&p).unwrap().len();
+        let original = std::fs::read(&p).unwrap();
+        let held = &original[seg.as_usize()];
+        std::fs::write(
+            journal_path(&p),
+            journal_bytes(len, &[(seg.start(), Source::Memory(held))]),
+        )
+        .unwrap();
+        let before = std::fs::metadata(&p).unwrap().modified().unwrap();
+        assert_eq!(
+            recover(&p).unwrap(),
+            Recovery::Replayed {
+                ranges: 1,
+                bytes: seg.len()
+            }
+        );
+        assert_eq!(std::fs::metadata(&p).unwrap().modified().unwrap(), before);
+        assert_eq!(std::fs::read(&p).unwrap(), original);
+        assert!(!journal_path(&p).exists());
+    }
+
+    /// Sets POSIX ACL `name` (access or default) of `path` to `entries` (tag, perm, id);
+    /// false when the file system has no ACLs.
+    fn set_acl(path: &Path, name: &std::ffi::CStr, entries: &[(u16, u16, u32)]) -> bool {
+        let mut raw = 2u32.to_le_bytes().to_vec();
+        for (tag, perm, id) in entries {
+            raw.extend_from_slice(&tag.to_le_bytes());
+            raw.extend_from_slice(&perm.to_le_bytes());
+            raw.extend_from_slice(&id.to_le_bytes());
+        }
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: valid C strings and a buffer of the given length.
+        let rc =
+            unsafe { libc::setxattr(c.as_ptr(), name.as_ptr(), raw.as_ptr().cast(), raw.len(), 0) };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            assert_eq!(e.raw_os_error(), Some(libc::EOPNOTSUPP), "setxattr: {e}");
+            return false;
+        }
+        true
+    }
+
+    /// A named user's entry of an ACL, under mask `mask`: rw for uid 54321.
+    fn acl_with_named_writer(mask: u16) -> [(u16, u16, u32); 5] {
+        [
+            (0x01, 6, u32::MAX),
+            (0x02, 6, 54321),
+            (0x04, 0, u32::MAX),
+            (0x10, mask, u32::MAX),
+            (0x20, 0, u32::MAX),
+        ]
+    }
+
+    #[test]
+    fn journals_others_may_write_through_group_bits_or_an_acl_are_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let (_d, p) = model_copy();
+        let seg = segment(&p);
+        let len = std::fs::metadata(&p).unwrap().len();
+        let original = std::fs::read(&p).unwrap();
+        let jp = journal_path(&p);
+        let new = [3u8; 4];
+        let journal = journal_bytes(len, &[(seg.start(), Source::Memory(&new))]);
+        let write = |mode: u32| {
+            let _ = std::fs::remove_file(&jp);
+            std::fs::write(&jp, &journal).unwrap();
+            std::fs::set_permissions(&jp, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        let refused = |says: &str| {
+            let e = recover(&p).unwrap_err();
+            assert!(e.message().contains(says), "{e}");
+            assert!(e.message().contains("it was left in place (remove it as root if it is not from an interrupted ptefs commit)"), "{e}");
+            assert_eq!(e.level(), log::Level::Error);
+            assert!(jp.exists());
+            assert_eq!(std::fs::read(&p).unwrap(), original);
+        };
+        let gid = std::fs::metadata(&p).unwrap().gid();
+        write(0o620);
+        refused(&format!("its group (gid {gid}) may write it (mode 620), and a journal is replayed only when its owner alone may write it"));
+        write(0o600);
+        if !set_acl(&jp, c"system.posix_acl_access", &acl_with_named_writer(6)) {
+            eprintln!("no ACLs on this file system: not tested");
+            return;
+        }
+        refused("its access ACL lets uid 54321 write it (mode 660)");
+        // The same entry under a mask that takes write away: only the owner may write.
+        write(0o600);
+        assert!(set_acl(
+            &jp,
+            c"system.posix_acl_access",
+            &acl_with_named_writer(0)
+        ));
+        assert!(matches!(recover(&p).unwrap(), Recovery::Replayed { .. }));
+        let s = seg.start() as usize;
+        assert_eq!(&std::fs::read(&p).unwrap()[s..s + 4], &new);
+    }
+
+    /// A directory whose default ACL lets another user write what is created in it: the
+    /// journal of a commit there gets that entry under a mask without write (its mode is
+    /// 0600), so it is still trusted.
+    #[test]
+    fn a_journal_under_a_default_acl_is_still_trusted() {
+        let (d, p) = model_copy();
+        if !set_acl(
+            d.path(),
+            c"system.posix_acl_default",
+            &acl_with_named_writer(6),
+        ) {
+            eprintln!("no ACLs on this file system: not tested");
+            return;
+        }
+        let seg = segment(&p);
+        let model = ModelFile::open_writable(&p).unwrap();
+        let new = [4u8; 4];
+        let writes = [(seg.start(), Source::Memory(&new))];
+        drop(begin(&model, &writes).unwrap());
+        assert!(journal_path(&p).exists());
+        assert_eq!(
+            recover(&p).unwrap(),
+            Recovery::Replayed {
+                ranges: 1,
+                bytes: 4
+            }
+        );
+        let s = seg.start() as usize;
+        assert_eq!(&std::fs::read(&p).unwrap()[s..s + 4], &new);
     }
 
     #[test]

@@ -15,7 +15,9 @@ pub mod journal;
 pub mod plan;
 pub mod recovery;
 pub mod relayout;
+mod trust;
 pub mod validate;
+mod window;
 
 use std::path::Path;
 
@@ -27,6 +29,7 @@ use crate::format::{Model, WriteTarget};
 
 pub use crate::content::{Bytes, Source, Write};
 pub use plan::{Change, Owner, Plan};
+pub use trust::describe as describe_file;
 
 /// What a commit did to the files.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,9 +15,16 @@ use crate::error::Result;
 /// (nothing when no commit was interrupted).
 pub fn finish(path: &Path) -> Result<Vec<String>> {
     let mut said = Vec::new();
-    match journal::recover(path)
-        .map_err(|e| e.context(format!("{}: journal recovery failed", path.display())))?
-    {
+    let shown = path.display().to_string();
+    match journal::recover(path).map_err(|e| {
+        // A message that starts with the file already says what happened to it (a replay
+        // whose journal cannot be removed).
+        if e.message().starts_with(&format!("{shown}: ")) {
+            e
+        } else {
+            e.context(format!("{shown}: journal recovery failed"))
+        }
+    })? {
         journal::Recovery::None => {}
         journal::Recovery::Replayed { ranges, bytes } => said.push(format!(
             "{}: finished an interrupted commit from its journal ({bytes} bytes in {ranges} range(s))",

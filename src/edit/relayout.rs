@@ -5,18 +5,19 @@
 //! Invariants: segment order and the file's own segment alignment are kept; segments that did
 //! not change are copied byte for byte (in the kernel, with `copy_file_range`); the original
 //! is untouched until the final rename, so a failure at any step leaves it as it was; the new
-//! file has a name no other file has (`.<name>.ptefs-new.<pid>.<n>`, created exclusively, see
-//! `beside`), and is renamed over the model only while the model's name still names the
-//! mounted file.
+//! file is unnamed (`O_TMPFILE`) until it is complete, durable and checked, then linked under
+//! a name nobody can plant ahead of it (`.<name>.ptefs-new.<16 random hex digits>`, never
+//! replacing what has it, see `beside`) and renamed over the model, only while the model's
+//! name still names the mounted file. Where the directory has no unnamed files (or this
+//! process cannot name one), the new file is created under such a name from the start.
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::beside::{name_for, Beside, NAME_MAX};
 use super::plan::{Change, Owner};
@@ -35,8 +36,8 @@ use crate::format::{Kind, Model, ModelFile};
 const DEFAULT_SEGMENT_ALIGNMENT: u64 = 128;
 const MAX_ALIGNMENT: u64 = 1 << 16;
 
-/// Room kept at the end of a new file's name for `<pid>.<counter>`.
-const MAX_UNIQUE_TAIL: usize = 28;
+/// Room kept at the end of a new file's name for its random digits (`beside::create_unique`).
+const MAX_UNIQUE_TAIL: usize = 16;
 
 /// `.<name>.ptefs-new.`: how the names of new files of model `name` start (cut so that
 /// the unique tail always fits).
@@ -44,19 +45,6 @@ fn temp_prefix(model_name: &OsStr) -> Vec<u8> {
     let mut prefix = name_for(model_name, ".ptefs-new.").into_vec();
     prefix.truncate(NAME_MAX - MAX_UNIQUE_TAIL);
     prefix
-}
-
-/// A name for a new file of model `name` that no earlier commit used.
-fn temp_name(model_name: &OsStr) -> OsString {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let unique = format!(
-        "{}.{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    );
-    let mut name = temp_prefix(model_name);
-    name.extend_from_slice(unique.as_bytes());
-    OsString::from_vec(name)
 }
 
 /// New files of an interrupted re-layout of `path` left in its directory.
@@ -123,19 +111,46 @@ pub fn rewrite(
     };
     let beside = Beside::of(mf)?;
     beside.check_model_named()?;
-    let tmp = temp_name(beside.model_name());
-    let out = beside.create(&tmp)?;
-    let shown = beside.shown(&tmp);
-    let result = write_new_file(mf, out, &shown, &plan)
-        .and_then(|out| {
-            let new = out.metadata().map_err(io(format!("stat {shown}")))?;
-            check_new_file(mf, out, &shown, &plan)?;
-            Ok(new)
-        })
-        .and_then(|new| watcher.replacing(&mf.path, &new))
-        .and_then(|_| beside.replace_model(&tmp));
+    let prefix = temp_prefix(beside.model_name());
+    if let Some(out) = beside.create_unnamed()? {
+        let shown = format!("the new (unnamed) file beside {}", mf.path.display());
+        let out = write_checked(mf, out, &shown, &plan)?;
+        if let Some(name) = beside.link_unique(&out, &prefix)? {
+            return replace_model(&beside, &name, &out, mf, watcher);
+        }
+    }
+    let (out, name) = beside.create_unique(&prefix)?;
+    let shown = beside.shown(&name);
+    match write_checked(mf, out, &shown, &plan) {
+        Ok(out) => replace_model(&beside, &name, &out, mf, watcher),
+        Err(e) => {
+            let _ = beside.remove(&name);
+            Err(e)
+        }
+    }
+}
+
+/// Writes the new file into `out` (created empty), makes it durable and parses it back;
+/// returns it.
+fn write_checked(mf: &ModelFile, out: File, shown: &str, plan: &NewLayout) -> Result<File> {
+    let out = write_new_file(mf, out, shown, plan)?;
+    let kept = out.try_clone().map_err(io(format!("duplicate {shown}")))?;
+    check_new_file(mf, out, shown, plan)?;
+    Ok(kept)
+}
+
+/// Renames `name`, the new file `new`, over the model once `watcher` agrees; the name is
+/// removed if that fails.
+fn replace_model(
+    beside: &Beside, name: &OsStr, new: &File, mf: &ModelFile, watcher: &dyn super::FileWatcher,
+) -> Result<()> {
+    let result = new
+        .metadata()
+        .map_err(io(format!("stat {}", beside.shown(name))))
+        .and_then(|meta| watcher.replacing(&mf.path, &meta))
+        .and_then(|_| beside.replace_model(name));
     if result.is_err() {
-        let _ = beside.remove(&tmp);
+        let _ = beside.remove(name);
     }
     result
 }
@@ -681,12 +696,14 @@ pub fn remove_stale(path: &Path) -> Vec<String> {
     let mut said = Vec::new();
     for p in found {
         let name = p.file_name().unwrap_or_default();
-        let ours = std::fs::symlink_metadata(&p)
-            .is_ok_and(|m| m.file_type().is_file() && Some(m.uid()) == owner);
-        if !ours {
+        let Ok(meta) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if !(meta.file_type().is_file() && Some(meta.uid()) == owner) {
             said.push(format!(
-                "{}: left alone: not a regular file of the model's owner, so not left by a ptefs re-layout",
-                p.display()
+                "{}: left alone: it is {}, not a regular file of the model's owner, so not left by a ptefs re-layout (remove it as root if it is not wanted)",
+                p.display(),
+                super::trust::describe(&meta)
             ));
         } else if beside.remove(name).is_ok() {
             said.push(format!(

@@ -6,10 +6,14 @@
 //! model file (device and inode) keeps each file mounted once.
 //!
 //! Invariants: lock files live only in a directory that belongs to the daemon's user and
-//! that nobody else may write (`/run/ptefs` for root, `$XDG_RUNTIME_DIR/ptefs`, else
-//! `$TMPDIR/ptefs-<uid>`); a directory that is a symbolic link, belongs to someone else or is
-//! writable by others is not used (another user may have created it first). Lock files are
-//! opened relative to that directory without following links.
+//! that nobody else may write (`/run/ptefs` for root; for another user
+//! `$XDG_RUNTIME_DIR/ptefs`, else `/run/user/<uid>/ptefs` when that directory is theirs);
+//! those are in directories no other user can create names in. `$TMPDIR/ptefs-<uid>` comes
+//! last, a name anyone can take first: what has that name and is a symbolic link, not a
+//! directory, someone else's or writable by others is never used nor followed, and is
+//! refused with an error naming it, its owner and how to clear it (nothing is tried after
+//! it, so all of a user's processes keep finding each other's locks). Lock files are opened
+//! relative to that directory without following links.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -32,9 +36,19 @@ pub fn runtime_dirs() -> Vec<PathBuf> {
         dirs.push(PathBuf::from("/run/ptefs"));
     } else if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR") {
         dirs.push(PathBuf::from(x).join("ptefs"));
+    } else if let Some(run) = user_run_dir(uid) {
+        dirs.push(run.join("ptefs"));
     }
     dirs.push(std::env::temp_dir().join(format!("ptefs-{uid}")));
     dirs
+}
+
+/// `/run/user/<uid>` (what `XDG_RUNTIME_DIR` names in a login session), when it is a
+/// directory of `uid` that nobody else may write.
+fn user_run_dir(uid: u32) -> Option<PathBuf> {
+    let dir = PathBuf::from(format!("/run/user/{uid}"));
+    let meta = std::fs::symlink_metadata(&dir).ok()?;
+    (meta.is_dir() && meta.uid() == uid && meta.mode() & 0o022 == 0).then_some(dir)
 }
 
 /// The first usable directory of `runtime_dirs`, opened, and its path.
@@ -58,7 +72,8 @@ fn c_string(bytes: &[u8]) -> Result<CString> {
 }
 
 /// Opens (creating it, mode 0700, if missing) directory `path`, only if it is a real
-/// directory of the current user that nobody else may write.
+/// directory of the current user that nobody else may write. A refusal is an error that
+/// names what is there, whose it is, and how to clear it.
 pub fn private_dir(path: &Path) -> Result<File> {
     let c = c_string(path.as_os_str().as_bytes())?;
     // SAFETY: a valid C string; EEXIST is handled by the checks below.
@@ -66,38 +81,52 @@ pub fn private_dir(path: &Path) -> Result<File> {
     let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
     // SAFETY: a valid C string.
     let fd = unsafe { libc::open(c.as_ptr(), flags) };
+    // SAFETY: geteuid cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    let occupied = |what: String| {
+        let fix = if uid == 0 {
+            "remove it as root".to_string()
+        } else {
+            format!("remove it as root, or set XDG_RUNTIME_DIR to a directory of uid {uid} that nobody else may write")
+        };
+        Error::new(
+            libc::EPERM,
+            format!(
+                "{}: {what}, so it cannot hold this user's (uid {uid}) ptefs lock files: {fix}",
+                path.display()
+            ),
+        )
+        .with_level(log::Level::Error)
+    };
     if fd < 0 {
-        return Err(Error::io(
-            format!("{} (not a directory of its own)", path.display()),
-            std::io::Error::last_os_error(),
-        ));
+        let e = std::io::Error::last_os_error();
+        return Err(match (e.raw_os_error(), std::fs::symlink_metadata(path)) {
+            (Some(libc::ELOOP | libc::ENOTDIR), Ok(meta)) => occupied(format!(
+                "it is {}, not a directory",
+                crate::edit::describe_file(&meta)
+            )),
+            _ => Error::io(
+                format!("{} (not a directory of its own)", path.display()),
+                e,
+            ),
+        });
     }
     // SAFETY: a descriptor just opened and owned here alone.
     let dir = unsafe { File::from_raw_fd(fd) };
     let meta = dir
         .metadata()
         .map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
-    // SAFETY: geteuid cannot fail.
-    let uid = unsafe { libc::geteuid() };
     if meta.uid() != uid {
-        return Err(Error::new(
-            libc::EPERM,
-            format!(
-                "{} belongs to uid {}, not to this user (uid {uid})",
-                path.display(),
-                meta.uid()
-            ),
-        ));
+        return Err(occupied(format!(
+            "it is a directory of uid {}, not of this user",
+            meta.uid()
+        )));
     }
     if meta.mode() & 0o022 != 0 {
-        return Err(Error::new(
-            libc::EPERM,
-            format!(
-                "{} may be written by others (mode {:o})",
-                path.display(),
-                meta.mode() & 0o7777
-            ),
-        ));
+        return Err(occupied(format!(
+            "others may write it (mode {:o})",
+            meta.mode() & 0o7777
+        )));
     }
     Ok(dir)
 }
@@ -283,7 +312,11 @@ pub fn claim_file_in(dirs: &[PathBuf], model: &Path, holder: Holder) -> Result<F
     }
     let e = last.unwrap_or_else(|| Error::new(libc::ENOENT, "no runtime directory"));
     // Without a private directory there is no record to check against.
-    log::warn!("cannot record the mount of {}: {e}", model.display());
+    log::log!(
+        e.level(),
+        "cannot record the mount of {}: {e}",
+        model.display()
+    );
     Err(e)
 }
 

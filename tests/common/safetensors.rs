@@ -1,6 +1,6 @@
 //! safetensors files for the bulk-update tests: built from tensors, split into header and
 //! data, one tensor's bytes, and a `.ptd` of many large tensors written without holding it
-//! in memory.
+//! in memory (or written sparse).
 
 use std::io::Write;
 use std::path::Path;
@@ -104,12 +104,9 @@ pub fn layer_name(i: usize) -> String {
     format!("layer{i:02}.weight")
 }
 
-/// Writes a `.ptd` of `count` named FLOAT[side, side] tensors, each in its own segment, and
-/// the bytes of tensor `i` made by `fill(i, chunk)` in pieces of at most 8 MiB (so a GiB
-/// model never sits in the test's memory); returns where the segments start.
-pub fn many_tensor_ptd(
-    path: &Path, count: usize, side: i32, mut fill: impl FnMut(usize, &mut [u8]),
-) -> u64 {
+/// The program region of a `.ptd` of `count` named FLOAT[side, side] tensors, each in its
+/// own segment, padded to the segment base; and the bytes of one tensor.
+fn ptd_head(count: usize, side: i32) -> (Vec<u8>, u64) {
     let bytes = (side as u64) * (side as u64) * 4;
     let mut ft = ptd_fb::FlatTensorT::default();
     let mut segments = Vec::new();
@@ -133,6 +130,17 @@ pub fn many_tensor_ptd(
     ft.named_data = Some(named);
     let (mut head, base) = ptd_program_region(&pack_flat_tensor(&ft), 128, count as u64 * bytes);
     head.resize(base as usize, 0);
+    (head, bytes)
+}
+
+/// Writes a `.ptd` of `count` named FLOAT[side, side] tensors, each in its own segment, and
+/// the bytes of tensor `i` made by `fill(i, chunk)` in pieces of at most 8 MiB (so a GiB
+/// model never sits in the test's memory); returns where the segments start.
+pub fn many_tensor_ptd(
+    path: &Path, count: usize, side: i32, mut fill: impl FnMut(usize, &mut [u8]),
+) -> u64 {
+    let (head, bytes) = ptd_head(count, side);
+    let base = head.len() as u64;
     let mut out = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
     out.write_all(&head).unwrap();
     let mut chunk = vec![0u8; bytes.min(8 << 20) as usize];
@@ -146,5 +154,16 @@ pub fn many_tensor_ptd(
         }
     }
     out.into_inner().unwrap().sync_all().unwrap();
+    base
+}
+
+/// The `.ptd` of `many_tensor_ptd` with every tensor zero, written sparse (`set_len`): an
+/// 8 GiB model takes a few KiB of disk. Returns where the segments start.
+pub fn sparse_many_tensor_ptd(path: &Path, count: usize, side: i32) -> u64 {
+    let (head, bytes) = ptd_head(count, side);
+    let base = head.len() as u64;
+    let mut out = std::fs::File::create(path).unwrap();
+    out.write_all(&head).unwrap();
+    out.set_len(base + count as u64 * bytes).unwrap();
     base
 }
