@@ -578,3 +578,70 @@ fn safetensors(tensors: &[(String, &str, Vec<u64>, Vec<u8>)]) -> Vec<u8> {
     }
     out
 }
+
+/// A bulk update that gives every tensor on a shared range the same new bytes keeps them
+/// shared and writes the range once, in place: the file is not re-laid out (its inode and
+/// its number of constant buffers stay), and every sharer reads the new bytes.
+#[test]
+fn equal_new_bytes_for_every_sharer_stay_shared_and_in_place() {
+    let name = "llama_8da4w.pte";
+    let c = common::copy_fixture(name);
+    let fs = open(&c, false);
+    let tree = fs.tree();
+    let entries = match &tree
+        .node(tree.find("weights.safetensors").unwrap())
+        .unwrap()
+        .content
+    {
+        Content::Weights { file } => tree.weights(*file).entries.clone(),
+        _ => panic!("weights.safetensors is a weights file"),
+    };
+    drop(tree);
+    // Values 8, 9 and 10 of forward are three tensors on one constant buffer.
+    let shared: Vec<_> = entries
+        .iter()
+        .filter(|e| [8, 9, 10].iter().any(|i| e.of == TensorId::value(0, *i)))
+        .cloned()
+        .collect();
+    assert_eq!(shared.len(), 3);
+    let new = pattern(shared[0].location.range.len() as usize, 201);
+    let all: Vec<(String, &str, Vec<u64>, Vec<u8>)> = shared
+        .iter()
+        .map(|e| (e.name.clone(), e.dtype, e.shape.clone(), new.clone()))
+        .collect();
+    let buffers_before = constant_buffers(&fs.tree().model);
+    let inode =
+        |p: &std::path::Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+    let ino_before = inode(&c.model);
+    replace(&fs, "weights.safetensors", &safetensors(&all)).unwrap();
+    for e in &shared {
+        assert_eq!(read(&fs, &format!("{}.bin", e.path)), new, "{}", e.path);
+    }
+    assert_eq!(
+        constant_buffers(&fs.tree().model),
+        buffers_before,
+        "still one buffer"
+    );
+    assert_eq!(
+        inode(&c.model),
+        ino_before,
+        "written in place, not re-laid out"
+    );
+    assert!(defects(&fs.tree().model).is_empty());
+
+    // Different bytes for the sharers still give each its own (the first keeps the range).
+    let differ: Vec<(String, &str, Vec<u64>, Vec<u8>)> = shared
+        .iter()
+        .enumerate()
+        .map(|(k, e)| {
+            (
+                e.name.clone(),
+                e.dtype,
+                e.shape.clone(),
+                pattern(new.len(), 90 + k as u8),
+            )
+        })
+        .collect();
+    replace(&fs, "weights.safetensors", &safetensors(&differ)).unwrap();
+    assert_eq!(constant_buffers(&fs.tree().model), buffers_before + 2);
+}

@@ -6,15 +6,17 @@
 //! together.
 //!
 //! Invariants: only writes of a tensor that shares its bytes with a distinct tensor
-//! ([`Relation::Distinct`]) are separated; the other writes of the commit go with them (into
-//! the same new file when in the same file, in place otherwise), so a commit stays one
+//! ([`Relation::Distinct`]) are separated, and only when the sharers end up different: a
+//! commit that gives every tensor on a range the same new bytes writes them once, in place,
+//! and the range stays shared. The other writes of the commit go with the separated ones
+//! (into the same new file when in the same file, in place otherwise), so a commit stays one
 //! atomic change per file. Writes of no tensor (segments, delegate payloads) are never
 //! separated: they replace whatever the range holds.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::plan::{Change, Owner, Plan};
-use crate::content::Bytes;
+use crate::content::{Bytes, Source, Write};
 use crate::error::Result;
 use crate::format::layout::{FileIndex, Location};
 use crate::format::range::ByteRange;
@@ -31,8 +33,12 @@ pub fn separate<'a>(model: &Model, plan: Plan<'a>) -> Result<Plan<'a>> {
         return Ok(Plan::InPlace { writes });
     }
     let shared = model.shared_bytes();
+    let (writes, kept_shared) = same_bytes_once(shared, writes)?;
     let mut ranges: HashMap<Location, Range> = HashMap::new();
     for w in &writes {
+        if kept_shared.contains(&w.location) {
+            continue;
+        }
         if let Some(id) = w.of {
             let group = shared.sharers(&w.location);
             if !group.is_empty() {
@@ -82,6 +88,79 @@ pub fn separate<'a>(model: &Model, plan: Plan<'a>) -> Result<Plan<'a>> {
             .collect(),
         in_place,
     })
+}
+
+/// `writes` without repeats of a shared range whose sharers all get the same new bytes:
+/// every tensor on the range (or the same tensor as one) is written, with equal content, so
+/// the range keeps being shared and is written once; the first write stands for them all.
+/// Returns the writes and those ranges. Ranges whose sharers get different bytes, or where
+/// some sharer is not written, keep all their writes, and `separate` gives the tensors bytes
+/// of their own.
+fn same_bytes_once<'a>(
+    shared: &crate::format::sharing::SharedBytes, writes: Vec<Write<'a>>,
+) -> Result<(Vec<Write<'a>>, HashSet<Location>)> {
+    let mut by_range: HashMap<Location, Vec<usize>> = HashMap::new();
+    for (k, w) in writes.iter().enumerate() {
+        if w.of.is_some() && !shared.sharers(&w.location).is_empty() {
+            by_range.entry(w.location).or_default().push(k);
+        }
+    }
+    let mut dropped = vec![false; writes.len()];
+    let mut kept_shared = HashSet::new();
+    let mut buf = (Vec::new(), Vec::new());
+    for (location, ks) in &by_range {
+        if ks.len() < 2 {
+            continue;
+        }
+        let mut range = Range::new(shared.sharers(location));
+        range.written = ks.iter().filter_map(|&k| writes[k].of).collect();
+        if !range.all_written() {
+            continue;
+        }
+        let first = writes[ks[0]].bytes.source();
+        let mut equal = true;
+        for &k in &ks[1..] {
+            let same = same_content(first, writes[k].bytes.source(), &mut buf).map_err(|e| {
+                crate::error::Error::io("compare the new bytes of shared tensors", e)
+            })?;
+            if !same {
+                equal = false;
+                break;
+            }
+        }
+        if equal {
+            kept_shared.insert(*location);
+            for &k in &ks[1..] {
+                dropped[k] = true;
+            }
+        }
+    }
+    let writes = writes
+        .into_iter()
+        .zip(dropped)
+        .filter_map(|(w, drop)| (!drop).then_some(w))
+        .collect();
+    Ok((writes, kept_shared))
+}
+
+/// Whether two contents are equal, compared a chunk at a time.
+fn same_content(a: Source, b: Source, (x, y): &mut (Vec<u8>, Vec<u8>)) -> std::io::Result<bool> {
+    if a.len() != b.len() {
+        return Ok(false);
+    }
+    let mut at = 0;
+    while at < a.len() {
+        let n = (a.len() - at).min(crate::content::CHUNK as u64) as usize;
+        x.resize(n, 0);
+        y.resize(n, 0);
+        a.read_at(at, x)?;
+        b.read_at(at, y)?;
+        if x != y {
+            return Ok(false);
+        }
+        at += n as u64;
+    }
+    Ok(true)
 }
 
 /// A byte range several tensors show, and the tensors a commit writes there. Built once per
