@@ -81,6 +81,14 @@ fn all_fixtures() -> Vec<Fixture> {
 }
 
 /// Every path below `root` (directories with a trailing `/`), by readdir, as `ls -R` walks.
+/// The paths a mount shows: the model's tree (`.tree` lists), and `errors`, the mount's list
+/// of refused writes, at the root.
+fn mount_paths(tree: &[String]) -> Vec<String> {
+    let mut paths = tree.to_vec();
+    paths.push(ptefs::fs::ERRORS_NAME.to_string());
+    paths
+}
+
 fn walk(root: &Path) -> Vec<(String, std::fs::Metadata)> {
     let mut out = Vec::new();
     let mut stack = vec![(root.to_path_buf(), String::new())];
@@ -421,7 +429,7 @@ fn check_fixture(fx: &Fixture) -> Vec<String> {
     // The tree: exactly the listed paths.
     let seen = walk(&m.mnt);
     let names: Vec<String> = seen.iter().map(|(p, _)| p.clone()).collect();
-    let mut want = fx.tree.clone();
+    let mut want = mount_paths(&fx.tree);
     want.sort();
     if names != want {
         let a: BTreeSet<_> = names.iter().collect();
@@ -1239,7 +1247,7 @@ fn size_changing_writes_to_a_delegate_blob_and_named_data_relayout_the_file() {
         assert_eq!(&std::fs::read(&f).unwrap(), want, "{p}");
     }
     let seen: Vec<String> = walk(&m.mnt).into_iter().map(|(p, _)| p).collect();
-    let mut want = fx.tree.clone();
+    let mut want = mount_paths(&fx.tree);
     want.sort();
     assert_eq!(seen, want, "the tree changed shape after re-layouts");
 }
@@ -1594,5 +1602,73 @@ sys.stdout.write(b.tobytes().hex())
             assert_eq!(errno, "EINVAL", "{name}: {bad}");
         }
         assert_eq!(std::fs::read(&backing).unwrap(), before, "{name}");
+    }
+}
+
+/// A refused write tells its reason where the user works: the file's `user.ptefs.error`
+/// attribute holds it until the file commits, and the root's `errors` file lists every
+/// refusal with its time and path; `errors` itself cannot be written.
+#[test]
+fn refusals_are_readable_beside_the_file_and_in_errors() {
+    if fuse_missing() {
+        return;
+    }
+    let fx = Fixture::named("linear.pte");
+    let m = Mount::new(&fx.file, &fx.data, &[]);
+    let bin = m.path("plans/forward/values/0.bin");
+    let errors = m.path("errors");
+    assert_eq!(std::fs::read(&errors).unwrap(), b"", "no refusal yet");
+    let good = std::fs::read(&bin).unwrap();
+    // Too short: close() fails, with EINVAL only.
+    let bin_s = bin.to_str().unwrap();
+    assert_eq!(
+        py_errno(
+            "with open(sys.argv[1], 'wb') as f:\n    f.write(b'x' * 40)",
+            &[bin_s]
+        ),
+        "EINVAL"
+    );
+    let reason = xattr::get(&bin, "user.ptefs.error");
+    assert!(
+        reason.contains("needs 48 bytes for FLOAT[3,4], got 40"),
+        "{reason}"
+    );
+    let log = String::from_utf8(std::fs::read(&errors).unwrap()).unwrap();
+    let line = log.lines().last().expect("a line for the refusal");
+    let fields: Vec<&str> = line.split('\t').collect();
+    assert_eq!(fields.len(), 3, "{line}");
+    assert!(fields[0].ends_with('Z') && fields[0].len() == 20, "{line}");
+    assert_eq!(fields[1], "plans/forward/values/0.bin");
+    assert!(fields[2].contains("got 40"), "{line}");
+    assert_eq!(
+        std::fs::metadata(&errors).unwrap().len(),
+        log.len() as u64,
+        "stat gives the size the content has"
+    );
+    // The model is as it was; a good write commits and clears the file's attribute, while
+    // `errors` keeps the history.
+    assert_eq!(std::fs::read(&bin).unwrap(), good);
+    std::fs::write(&bin, &good).unwrap();
+    assert_eq!(xattr::get(&bin, "user.ptefs.error"), "");
+    assert_eq!(std::fs::read(&errors).unwrap(), log.as_bytes());
+    // `errors` is read-only.
+    let errors_s = errors.to_str().unwrap();
+    assert_eq!(py_errno("open(sys.argv[1], 'ab')", &[errors_s]), "EACCES");
+    let meta = std::fs::metadata(&errors).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o222, 0);
+}
+
+/// Reading one extended attribute with `getfattr`, as a user does.
+mod xattr {
+    use std::path::Path;
+
+    /// The value, or "" when the file has no such attribute.
+    pub fn get(path: &Path, name: &str) -> String {
+        let out = std::process::Command::new("getfattr")
+            .args(["--only-values", "-n", name])
+            .arg(path)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 }

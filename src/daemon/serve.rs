@@ -98,7 +98,8 @@ pub fn serve(
     let claims = Arc::new(Claims::new(claims));
     let fs = Arc::new(
         Fs::with_invalidator(tree, Options { read_only }, Arc::new(notices))
-            .watched_by(claims.clone()),
+            .watched_by(claims.clone())
+            .with_errors_file(),
     );
     let started = Session::new(FuseFs::new(fs.clone()), mountpoint, config)
         .map_err(|e| Error::io(format!("cannot mount on {}", mountpoint.display()), e))

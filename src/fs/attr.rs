@@ -77,6 +77,13 @@ impl Fs {
         if let Some(size) = self.scratch.size(ino) {
             return Ok(self.scratch_attr(tree, ino, size));
         }
+        if self.is_errors(ino) {
+            // Read-only, readable by whom may read the model.
+            let id = self.identity_of(tree, crate::tree::ROOT);
+            let size = self.refusals.text().len() as u64;
+            let perm = perm(id.mode, false, false);
+            return Ok(Attr::shown(ino, size, FileType::RegularFile, perm, 1, &id));
+        }
         let node = tree
             .node(ino)
             .ok_or_else(|| Error::not_found(format!("inode {ino}")))?;

@@ -143,6 +143,7 @@ impl Fs {
             }
             self.replace_tree(new_tree);
         }
+        self.refusals.clear(ino);
         log::info!("committed {path} ({} bytes, {outcome:?})", data.len());
         Ok(Some(inval))
     }

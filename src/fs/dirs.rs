@@ -100,6 +100,12 @@ impl Fs {
                 out.push(e);
             }
         }
+        if ino == crate::tree::ROOT
+            && self.errors_file
+            && tree.lookup(ino, super::ERRORS_NAME).is_none()
+        {
+            out.push(entry(super::ERRORS_NAME.to_string(), super::ERRORS_INO)?);
+        }
         Ok(out)
     }
 

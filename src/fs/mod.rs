@@ -16,6 +16,7 @@ mod handles;
 mod hidden;
 mod invalidate;
 mod read;
+mod refusals;
 mod reply;
 mod scratch;
 mod staging;
@@ -25,6 +26,7 @@ pub use attr::{Attr, FileType, BLOCK_SIZE};
 pub use dirs::{DirEntry, DirPage};
 pub use invalidate::{Invalidator, NoInvalidation};
 pub use read::ReadData;
+pub use refusals::{ERRORS_INO, ERRORS_NAME};
 pub use reply::{Capability, Entry, KernelConfig, Lookup, Opened, StatFs, Unsupported};
 pub use write::{RenameMode, SetAttr};
 
@@ -140,6 +142,10 @@ pub struct Fs {
     /// Told before a re-layout renames a new file over a model file, and of every new
     /// snapshot while the previous one still holds its files open.
     watcher: Arc<dyn crate::edit::FileWatcher>,
+    /// The refusals of writes, for `user.ptefs.error` and the `errors` file.
+    refusals: refusals::Refusals,
+    /// Whether the root shows the `errors` file (mounts do; offline commands do not).
+    errors_file: bool,
 }
 
 /// The identity of each model file of `tree`.
@@ -179,6 +185,36 @@ impl Fs {
             gate: RwLock::new(()),
             commit_lock: Default::default(),
             watcher: Arc::new(crate::edit::Unwatched),
+            refusals: Default::default(),
+            errors_file: false,
+        }
+    }
+
+    /// Shows the `errors` file at the root (see `refusals`).
+    pub fn with_errors_file(mut self) -> Fs {
+        self.errors_file = true;
+        self
+    }
+
+    /// Whether `ino` is the `errors` file of this mount.
+    fn is_errors(&self, ino: Ino) -> bool {
+        self.errors_file && ino == ERRORS_INO
+    }
+
+    /// Keeps the refusal of a write of tree file `ino` where the user can read it.
+    fn record_refusal(&self, tree: &Tree, ino: Ino, e: &Error) {
+        if tree.node(ino).is_none() {
+            return;
+        }
+        let path = tree.path(ino);
+        // Messages start with the path they are about; the log has its own column for it.
+        let reason = e
+            .message()
+            .strip_prefix(&format!("{path}: "))
+            .unwrap_or(e.message());
+        self.refusals.record(ino, &path, reason);
+        if self.errors_file {
+            self.invalidator.inodes(vec![ERRORS_INO], true);
         }
     }
 
@@ -318,6 +354,9 @@ impl Fs {
         let ino = match tree.lookup(parent, name) {
             Some(ino) if self.hidden_ino(&tree, ino) => return Err(missing()),
             Some(ino) => ino,
+            None if parent == crate::tree::ROOT && name == ERRORS_NAME && self.errors_file => {
+                ERRORS_INO
+            }
             None => self.scratch.lookup(parent, name).ok_or_else(missing)?,
         };
         self.attr_in(&tree, ino)
@@ -360,6 +399,12 @@ impl Fs {
     pub fn read(&self, ino: Ino, offset: u64, size: u32) -> Result<ReadData> {
         let ino = self.canonical_ino(ino);
         let tree = self.tree();
+        if self.is_errors(ino) {
+            let text = self.refusals.text();
+            let start = (offset as usize).min(text.len());
+            let end = start.saturating_add(size as usize).min(text.len());
+            return Ok(ReadData::owned(tree, text[start..end].to_vec()));
+        }
         if let Some(content) = self.scratch.content(ino) {
             return Ok(ReadData::owned(
                 tree,
@@ -437,14 +482,18 @@ impl Fs {
     /// The `user.ptefs.*` attributes of a node; scratch files have none.
     fn xattrs(&self, ino: Ino) -> Result<Vec<(String, String)>> {
         let ino = self.canonical_ino(ino);
-        if self.scratch.contains(ino) {
+        if self.scratch.contains(ino) || self.is_errors(ino) {
             return Ok(Vec::new());
         }
         let tree = self.tree();
         if tree.node(ino).is_none() {
             return Err(Error::not_found(format!("inode {ino}")));
         }
-        Ok(tree.xattrs(ino))
+        let mut x = tree.xattrs(ino);
+        if let Some(reason) = self.refusals.last_of(ino) {
+            x.push(("user.ptefs.error".to_string(), reason));
+        }
+        Ok(x)
     }
 
     pub fn listxattr(&self, ino: Ino) -> Result<Vec<String>> {

@@ -94,6 +94,10 @@ impl Fs {
                 Ok(value)
             }
             Err(e) => {
+                // Refusals a user should read (not the repeats and probes logged at debug).
+                if e.level() <= log::Level::Warn {
+                    self.record_refusal(&self.tree(), ino, &e);
+                }
                 self.invalidator.inodes(vec![ino], true);
                 Err(e)
             }
@@ -137,8 +141,32 @@ impl Fs {
 
     /// Opens a file; a write open of a tree file prepares its own staged copy.
     pub fn open(&self, ino: Ino, flags: i32) -> Result<Opened> {
-        let target = self.target(ino);
         let writable = wants_write(flags);
+        if self.is_errors(ino) {
+            if writable || flags & libc::O_TRUNC != 0 {
+                return Err(if self.options.read_only {
+                    Fs::read_only_error()
+                } else {
+                    Error::new(libc::EACCES, "errors is read-only: it lists refusals")
+                });
+            }
+            let fh = self.handles.insert(Handle {
+                target: Target::Tree(ino),
+                writable: false,
+                staged: None,
+                dirty: false,
+                truncated_only: false,
+                refused: false,
+            });
+            // Its content grows with every refusal: no page of it may be kept.
+            return Ok(Opened {
+                fh,
+                keep_cache: false,
+                direct_io: true,
+                cache_dir: false,
+            });
+        }
+        let target = self.target(ino);
         let truncate = writable && flags & libc::O_TRUNC != 0;
         let mut handle = Handle {
             target,
