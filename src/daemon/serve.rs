@@ -130,6 +130,8 @@ pub fn serve(
             None
         }
     };
+    let paths = fs.tree().model.paths();
+    super::watch::start(&fs, &paths.iter().map(PathBuf::as_path).collect::<Vec<_>>());
     let (events, events_rx) = mpsc::channel();
     {
         let (fs, mp, events) = (fs.clone(), mountpoint.to_path_buf(), events.clone());

@@ -171,7 +171,11 @@ impl Journaled<'_> {
                     break;
                 }
             }
-            result.and_then(|_| self.target.sync_data()).map_err(|e| {
+            let written = result.and_then(|_| self.target.sync_data());
+            // These bytes are ptefs's own: what the file looks like now is known, before
+            // readers go on (see `ModelFile::changed_behind`).
+            self.model.restamp();
+            written.map_err(|e| {
                 Error::io(
                     format!("write {} range(s) into {shown}", self.writes.len()),
                     e,

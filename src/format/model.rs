@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::header::{detect_kind, FileKind};
 use super::layout::{locate_ptd, locate_pte, FileIndex, Location, NamedBlob, PteLayout};
@@ -94,6 +94,43 @@ pub struct ModelFile {
     /// Whether `file` was opened for writing.
     pub writable: bool,
     source: Box<dyn ByteSource>,
+    /// What the file looked like when ptefs last knew its bytes (at open, and after each
+    /// commit of its own): a change by anyone else shows as a different stamp.
+    stamp: Mutex<Option<Stamp>>,
+}
+
+/// Size, modification and change times of a file: what a change of its bytes changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    pub size: u64,
+    pub mtime: (i64, i64),
+    pub ctime: (i64, i64),
+}
+
+impl Stamp {
+    pub fn of(meta: &std::fs::Metadata) -> Stamp {
+        use std::os::unix::fs::MetadataExt;
+        Stamp {
+            size: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+
+    /// What differs from `was`, for messages: `size 48 → 40, mtime changed`.
+    pub fn changes_from(&self, was: &Stamp) -> String {
+        let mut out = Vec::new();
+        if self.size != was.size {
+            out.push(format!("size {} → {}", was.size, self.size));
+        }
+        if self.mtime != was.mtime {
+            out.push("modification time changed".to_string());
+        }
+        if self.ctime != was.ctime && self.mtime == was.mtime {
+            out.push("change time changed".to_string());
+        }
+        out.join(", ")
+    }
 }
 
 impl std::fmt::Debug for ModelFile {
@@ -145,6 +182,8 @@ impl ModelFile {
         let identity = local
             .identity()
             .map_err(|e| FormatError::new(format!("{shown}: {e}")))?;
+        // Taken before the bytes are parsed, so a change while parsing shows too.
+        let stamp = local.file.metadata().ok().map(|m| Stamp::of(&m));
         let source = local
             .map()
             .map_err(|e| FormatError::new(format!("{shown}: cannot map: {e}")))?;
@@ -159,6 +198,7 @@ impl ModelFile {
             name: local.name,
             writable: local.writable,
             source,
+            stamp: Mutex::new(stamp),
         })
     }
 
@@ -178,6 +218,7 @@ impl ModelFile {
             identity: None,
             writable: false,
             source,
+            stamp: Mutex::new(None),
         })
     }
 
@@ -226,7 +267,31 @@ impl ModelFile {
             identity: None,
             writable: false,
             source: Box::new(Memory(bytes)),
+            stamp: Mutex::new(None),
         })
+    }
+
+    /// How the file changed since ptefs last knew its bytes, when it did: `None` while its
+    /// size, modification and change times are those ptefs saw (files held in memory never
+    /// change).
+    pub fn changed_behind(&self) -> Option<String> {
+        let was = (*self.stamp.lock().unwrap_or_else(|e| e.into_inner()))?;
+        let now = match self.file.as_ref()?.metadata() {
+            Ok(m) => Stamp::of(&m),
+            Err(e) => return Some(format!("cannot stat it: {e}")),
+        };
+        (now != was).then(|| now.changes_from(&was))
+    }
+
+    /// Takes the file's stamp again: ptefs itself just changed its bytes (an in-place
+    /// commit), so what it sees now is known.
+    pub fn restamp(&self) {
+        let now = self
+            .file
+            .as_ref()
+            .and_then(|f| f.metadata().ok())
+            .map(|m| Stamp::of(&m));
+        *self.stamp.lock().unwrap_or_else(|e| e.into_inner()) = now;
     }
 
     /// Whether the file shrank under its mapping (its bytes can no longer be trusted).

@@ -381,7 +381,7 @@ fn wanted(flags: i32) -> u32 {
 impl Fs {
     pub fn open_as(&self, caller: &Caller, ino: Ino, flags: i32) -> Result<Opened> {
         self.authorize(caller, ino, wanted(flags))?;
-        self.open(ino, flags)
+        self.open_by(ino, flags, caller.pid)
     }
 
     pub fn opendir_as(&self, caller: &Caller, ino: Ino) -> Result<Opened> {
@@ -436,7 +436,7 @@ impl Fs {
         if change.size.is_some() && change.fh.is_none() {
             self.authorize(caller, ino, WRITE)?;
         }
-        self.setattr(ino, change).map(Entry::new)
+        self.setattr_by(ino, change, caller.pid).map(Entry::new)
     }
 
     pub fn access_as(&self, caller: &Caller, ino: Ino, mask: i32) -> Result<()> {

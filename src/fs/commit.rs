@@ -105,7 +105,19 @@ impl Fs {
     /// Validates `data` as the new content of tree file `ino`, writes it, and switches to
     /// the new snapshot. The caller holds `commit_lock`.
     fn commit_bytes(&self, ino: Ino, data: Source, invalid: Invalid) -> Result<Option<Invalidate>> {
+        let before = self.tree();
+        // A write staged against a model someone else has changed since is not committed.
+        self.check_files_locked(true)?;
         let tree = self.tree();
+        if !Arc::ptr_eq(&before, &tree) {
+            return Err(Error::new(
+                libc::ESTALE,
+                format!(
+                    "{}: the model changed behind the mount while this was being written, so nothing was committed; write it again",
+                    tree.path(ino)
+                ),
+            ));
+        }
         let target = self.write_target(&tree, ino)?;
         let path = tree.path(ino);
         let plan = match edit::validate::plan(&tree.catalog, target, data) {
@@ -120,6 +132,8 @@ impl Fs {
             .map_err(|e| e.context(&path))?;
         let mut inval = invalidations(&tree, &outcome);
         if outcome_keeps_structure(&tree, &outcome) {
+            // Handles opened before see that these changed (see `external`).
+            self.changes.changed(&inval.inodes);
             // Same offsets and sizes, and the mapping shares the page cache with the write:
             // the snapshot already shows the new bytes. Re-parsing would cost time
             // proportional to the number of values, not to the tensor.
@@ -142,6 +156,7 @@ impl Fs {
                     .collect();
             }
             self.replace_tree(new_tree);
+            self.changes.all_changed();
         }
         self.refusals.clear(ino);
         log::info!("committed {path} ({} bytes, {outcome:?})", data.len());

@@ -38,6 +38,12 @@ pub(super) struct Handle {
     /// A commit of the content as it is now was refused or failed, and reported: the last
     /// close must not try it again behind the user's back.
     pub refused: bool,
+    /// The generation of the files' changes at the open (see `external`): a read through the
+    /// handle after the bytes it shows changed fails instead of mixing versions.
+    pub opened_at: u64,
+    /// The thread that opened it, when known (0 otherwise): the truncation of an `O_TRUNC`
+    /// open arrives after the open, from the same thread.
+    pub opener: u32,
 }
 
 impl Handle {

@@ -12,6 +12,7 @@ pub mod access;
 mod attr;
 mod commit;
 mod dirs;
+mod external;
 mod handles;
 mod hidden;
 mod invalidate;
@@ -146,6 +147,8 @@ pub struct Fs {
     refusals: refusals::Refusals,
     /// Whether the root shows the `errors` file (mounts do; offline commands do not).
     errors_file: bool,
+    /// Changes of the files' bytes, for handles and for changes made behind the mount.
+    changes: external::Changes,
 }
 
 /// The identity of each model file of `tree`.
@@ -187,6 +190,7 @@ impl Fs {
             watcher: Arc::new(crate::edit::Unwatched),
             refusals: Default::default(),
             errors_file: false,
+            changes: Default::default(),
         }
     }
 
@@ -296,7 +300,6 @@ impl Fs {
         KernelConfig {
             capabilities: vec![
                 Capability::ReaddirPlus,
-                Capability::AtomicOTrunc,
                 Capability::ParallelDirops,
                 Capability::HandleKillprivV2,
             ],
@@ -382,16 +385,12 @@ impl Fs {
         self.attr_in(&self.tree(), self.canonical_ino(ino))
     }
 
-    /// The attributes seen through handle `fh` (`fstat`): a writer sees the size of what it
-    /// staged.
-    pub fn getattr_entry(&self, ino: Ino, fh: Option<u64>) -> Result<Entry> {
-        let mut attr = self.getattr(ino)?;
-        if let Some(h) = fh.and_then(|fh| self.handles.get(fh).ok()) {
-            if let Some(staged) = &handles::lock(&h).staged {
-                attr.size = staged.len();
-            }
-        }
-        Ok(Entry::new(attr))
+    /// The attributes seen through handle `fh`: the committed ones, also for a writer. The
+    /// kernel keeps one size per file for everyone, so a writer's staged size given here
+    /// would show a file half written (or empty, after an `O_TRUNC` open) to every other
+    /// process until the commit.
+    pub fn getattr_entry(&self, ino: Ino, _fh: Option<u64>) -> Result<Entry> {
+        Ok(Entry::new(self.getattr(ino)?))
     }
 
     /// A read of what everyone sees (committed bytes, or a scratch file's), as an owned
@@ -421,20 +420,45 @@ impl Fs {
         &self, ino: Ino, fh: Option<u64>, offset: u64, size: u32,
         reply: impl FnOnce(Result<&[u8]>) -> R,
     ) -> R {
+        let mut opened_at = None;
         if let Some(h) = fh.and_then(|fh| self.handles.get(fh).ok()) {
-            if let Some(staged) = &handles::lock(&h).staged {
+            let h = handles::lock(&h);
+            if let Some(staged) = &h.staged {
                 return match staged.read(offset, size) {
                     Ok(bytes) => reply(Ok(&bytes)),
                     Err(e) => reply(Err(e)),
                 };
             }
+            opened_at = Some(h.opened_at);
         }
-        read::read_ahead(&self.tree(), self.canonical_ino(ino), offset, size);
-        let _gate = self.gate.read().unwrap_or_else(|e| e.into_inner());
-        match self.read(ino, offset, size) {
-            Ok(data) => reply(Ok(data.bytes())),
-            Err(e) => reply(Err(e)),
+        if self.is_errors(ino) {
+            return match self.read(ino, offset, size) {
+                Ok(data) => reply(Ok(data.bytes())),
+                Err(e) => reply(Err(e)),
+            };
         }
+        // Bytes changed behind the mount are never served: checked before the read, and
+        // after it, so the next read fails (see `external`).
+        if let Err(e) = self.check_files(false) {
+            return reply(Err(e));
+        }
+        let ino = self.canonical_ino(ino);
+        let tree = self.tree();
+        if let Some(opened) = opened_at {
+            if let Err(e) = self.refuse_changed_since(&tree, ino, opened) {
+                return reply(Err(e));
+            }
+        }
+        read::read_ahead(&tree, ino, offset, size);
+        let result = {
+            let _gate = self.gate.read().unwrap_or_else(|e| e.into_inner());
+            match self.read(ino, offset, size) {
+                Ok(data) => reply(Ok(data.bytes())),
+                Err(e) => reply(Err(e)),
+            }
+        };
+        let _ = self.check_files(false);
+        result
     }
 
     /// `statfs`: the model's bytes and nodes, nothing free.

@@ -141,6 +141,12 @@ impl Fs {
 
     /// Opens a file; a write open of a tree file prepares its own staged copy.
     pub fn open(&self, ino: Ino, flags: i32) -> Result<Opened> {
+        self.open_by(ino, flags, 0)
+    }
+
+    /// `open` by thread `opener` (0: unknown), whose truncation of an `O_TRUNC` open is then
+    /// known as this handle's (see `setattr_by`).
+    pub fn open_by(&self, ino: Ino, flags: i32, opener: u32) -> Result<Opened> {
         let writable = wants_write(flags);
         if self.is_errors(ino) {
             if writable || flags & libc::O_TRUNC != 0 {
@@ -157,6 +163,8 @@ impl Fs {
                 dirty: false,
                 truncated_only: false,
                 refused: false,
+                opened_at: 0,
+                opener: 0,
             });
             // Its content grows with every refusal: no page of it may be kept.
             return Ok(Opened {
@@ -168,6 +176,10 @@ impl Fs {
         }
         let target = self.target(ino);
         let truncate = writable && flags & libc::O_TRUNC != 0;
+        if let Target::Tree(_) = target {
+            // Someone else may have changed the model since it was last looked at.
+            self.check_files(true)?;
+        }
         let mut handle = Handle {
             target,
             writable,
@@ -175,6 +187,8 @@ impl Fs {
             dirty: false,
             truncated_only: false,
             refused: false,
+            opened_at: self.changes.now(),
+            opener,
         };
         match target {
             Target::Scratch(ino) => {
@@ -308,9 +322,42 @@ impl Fs {
     /// its unlink (see `hidden`), accept any (editors, `mv` and `install` set modes on their
     /// new file) and keep theirs. Times are ignored, so `touch` and `cp -p` work.
     pub fn setattr(&self, ino: Ino, change: SetAttr) -> Result<Attr> {
+        self.setattr_by(ino, change, 0)
+    }
+
+    /// `setattr` by thread `caller` (0: unknown). The kernel truncates an `O_TRUNC` open by
+    /// a size change without a handle, right after the open, from the same thread: that
+    /// truncation is staged in the handle the thread just opened, like the rest of its
+    /// writes, so nobody else sees the file empty (or its cached pages dropped) before the
+    /// commit.
+    pub fn setattr_by(&self, ino: Ino, change: SetAttr, caller: u32) -> Result<Attr> {
         let ino = self.canonical_ino(ino);
+        if change.size == Some(0) && change.fh.is_none() && caller != 0 {
+            if let Some(shared) = self.fresh_writer(ino, caller) {
+                let tree = self.tree();
+                let mut h = lock(&shared);
+                h.staged = Some(self.new_staged(&tree, ino)?);
+                h.dirty = true;
+                h.truncated_only = true;
+                drop(h);
+                return self.getattr(ino);
+            }
+        }
         let result = self.setattr_inner(ino, change);
         self.publish(ino, result)
+    }
+
+    /// A handle of tree file `ino` that thread `opener` opened for writing and has neither
+    /// written nor truncated yet.
+    fn fresh_writer(&self, ino: Ino, opener: u32) -> Option<super::handles::Shared> {
+        self.handles.all().into_iter().find(|shared| {
+            let h = lock(shared);
+            h.target == Target::Tree(ino)
+                && h.writable
+                && h.opener == opener
+                && h.staged.is_none()
+                && !h.dirty
+        })
     }
 
     fn setattr_inner(&self, ino: Ino, change: SetAttr) -> Result<(Attr, Invalidate)> {
