@@ -274,9 +274,16 @@ fn main() -> ExitCode {
     if let Some(Err(e)) = remote.map(RemoteArgs::configure) {
         return fail(e);
     }
+    let code = run(cli.command);
+    // Blocks of remote models fetched last reach the cache before the process ends.
+    ptefs::source::remote::flush();
+    code
+}
+
+fn run(command: Command) -> ExitCode {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    match cli.command {
+    match command {
         Command::Mount(a) => exit_code(commands::mount(&MountRequest {
             file: a.file,
             mountpoint: a.mountpoint,

@@ -169,8 +169,18 @@ struct Inner {
     changed: OnceLock<String>,
     requests: AtomicU64,
     fetched: AtomicU64,
-    /// Blocks being written to the cache on disk.
-    writing: AtomicUsize,
+}
+
+/// Blocks being written to the cache on disk, by every remote object of the process.
+static WRITING: AtomicUsize = AtomicUsize::new(0);
+
+/// Waits (a few seconds at most) until the blocks fetched so far are in the cache on disk:
+/// a command or a daemon calls it before it exits, so the next one finds them.
+pub fn flush() {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while WRITING.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }
 
 /// A remote object, read by ranges.
@@ -233,7 +243,6 @@ pub fn open(name: &str) -> Result<Opened, String> {
                 changed: OnceLock::new(),
                 requests: AtomicU64::new(1),
                 fetched: AtomicU64::new(0),
-                writing: AtomicUsize::new(0),
             }),
             runtime,
         },
@@ -346,14 +355,14 @@ impl Inner {
                 let extents = lock(&self.table).insert(block, span.start, bytes.clone());
                 if self.disk.is_some() {
                     let inner = self.clone();
-                    self.writing.fetch_add(1, Ordering::SeqCst);
+                    WRITING.fetch_add(1, Ordering::SeqCst);
                     tokio::task::spawn_blocking(move || {
                         if let Some(d) = &inner.disk {
                             if let Err(e) = d.put(block, &extents) {
                                 log::debug!("block cache: {e}");
                             }
                         }
-                        inner.writing.fetch_sub(1, Ordering::SeqCst);
+                        WRITING.fetch_sub(1, Ordering::SeqCst);
                     });
                 }
                 Ok((span.start, bytes))
@@ -364,11 +373,9 @@ impl Inner {
                 Err(Arc::from(m))
             }
             Err(FetchError::Failed(m)) => {
-                let m = format!(
-                    "{}: bytes {}..{}: {m}",
-                    self.object.address.shown, span.start, span.end
-                );
-                log::error!("{m}");
+                // The log names the URL; the error is given with it by the caller.
+                let m = format!("bytes {}..{}: {m}", span.start, span.end);
+                log::error!("{}: {m}", self.object.address.shown);
                 Err(Arc::from(m))
             }
         }
@@ -559,13 +566,7 @@ impl ByteSource for RemoteSource {
 
 impl Drop for RemoteSource {
     fn drop(&mut self) {
-        // The blocks fetched last reach the cache before the process ends (a command
-        // exits right after its last read).
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while self.inner.writing.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline
-        {
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        flush();
         let (requests, bytes) = self.stats();
         log::info!(
             "{}: {requests} requests, {bytes} bytes fetched",
