@@ -296,6 +296,9 @@ impl Inner {
     ) -> Pending {
         let inner = self.clone();
         let key = span.clone();
+        // Registered before the task can end: the task removes its own entry, and an entry
+        // left behind would hand its result (an error too) to every later reader.
+        let mut inflight = lock(&self.inflight);
         let task = runtime.spawn(async move {
             let result = inner.fetch(block, span.clone()).await;
             {
@@ -318,10 +321,11 @@ impl Inner {
         }
         .boxed()
         .shared();
-        lock(&self.inflight)
+        inflight
             .entry(block)
             .or_default()
             .push((key, pending.clone()));
+        drop(inflight);
         pending
     }
 
