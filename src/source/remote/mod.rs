@@ -40,6 +40,9 @@ use super::ByteSource;
 
 /// The unit of fetching and caching: a request never spans two blocks.
 pub const BLOCK: u64 = 4 << 20;
+/// What opening a file reads with its version: what the parser reads first
+/// (`format::model`'s first read), so a file whose flatbuffer fits is opened in one request.
+const FIRST_READ: u64 = 4096;
 /// Bytes of blocks kept in memory (per object).
 const MEMORY: usize = 64 << 20;
 /// The read-ahead of a reader that just started, and the most it grows to.
@@ -206,8 +209,17 @@ pub fn open(name: &str) -> Result<Opened, String> {
     let file_name = address.file_name();
     let object = Object::new(address, &settings)?;
     let deadline = settings.timeout.saturating_mul(4);
-    let version = runtime
-        .block_on(async { tokio::time::timeout(deadline, object.head()).await })
+    // The first bytes and the version in one request (a HEAD when that fails).
+    let (version, first) = runtime
+        .block_on(async {
+            tokio::time::timeout(deadline, async {
+                match object.first(FIRST_READ).await? {
+                    Some((v, b)) => Ok::<_, String>((v, Some(b))),
+                    None => Ok((object.head().await?, None)),
+                }
+            })
+            .await
+        })
         .map_err(|_| format!("no answer within {deadline:?}"))??;
     let disk = match (&settings.cache_dir, settings.cache_size) {
         (Some(dir), size) if size > 0 => match DiskCache::open(dir, size, &version.key(&shown)) {
@@ -228,6 +240,11 @@ pub fn open(name: &str) -> Result<Opened, String> {
             .map(|_| String::new())
             .unwrap_or_else(|| ", no cache on disk".into())
     );
+    let mut table = Table::new(MEMORY);
+    let fetched = first.as_ref().map_or(0, |b| b.len() as u64);
+    if let Some(b) = first.filter(|b| !b.is_empty()) {
+        table.insert(0, 0, b);
+    }
     Ok(Opened {
         shown,
         file_name,
@@ -236,13 +253,13 @@ pub fn open(name: &str) -> Result<Opened, String> {
                 object,
                 version,
                 disk,
-                table: Mutex::new(Table::new(MEMORY)),
+                table: Mutex::new(table),
                 inflight: Mutex::new(HashMap::new()),
                 ahead: AtomicUsize::new(0),
                 streams: Mutex::new((Vec::new(), 0)),
                 changed: OnceLock::new(),
                 requests: AtomicU64::new(1),
-                fetched: AtomicU64::new(0),
+                fetched: AtomicU64::new(fetched),
             }),
             runtime,
         },

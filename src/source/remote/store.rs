@@ -185,6 +185,46 @@ impl Object {
         })
     }
 
+    /// The object's first `n` bytes (fewer when it is shorter) and its version, from one
+    /// ranged request: opening a file whose header and flatbuffer fit costs one request.
+    /// `None` when the store would not answer that way (an empty object): then `head`.
+    pub async fn first(&self, n: u64) -> Result<Option<(Version, Bytes)>, String> {
+        let options = GetOptions {
+            range: Some(GetRange::Bounded(0..n)),
+            ..Default::default()
+        };
+        let result = match self.store.get_opts(&self.path, options).await {
+            Ok(r) => r,
+            // A store that cannot answer this range (an empty object: 416; a server without
+            // ranges) is asked for the size alone; any other failure is the answer.
+            Err(e) => {
+                let why = self.describe(&e);
+                if matches!(e, object_store::Error::NotSupported { .. }) || why.contains("416") {
+                    log::debug!("{}: {why}; asking for its size", self.address.shown);
+                    return Ok(None);
+                }
+                return Err(format!("bytes 0..{n}: {why}"));
+            }
+        };
+        let version = Version {
+            size: result.meta.size,
+            etag: result.meta.e_tag.clone(),
+            last_modified: result.meta.last_modified.to_rfc3339(),
+        };
+        if result.range.start != 0 || result.range.end > n.min(version.size) {
+            return Err(format!(
+                "the server answered bytes {}..{} for bytes 0..{n}",
+                result.range.start, result.range.end
+            ));
+        }
+        let want = result.range.end;
+        let bytes = self
+            .body(result, want)
+            .await
+            .map_err(|e| format!("bytes 0..{want}: {e}"))?;
+        Ok(Some((version, bytes)))
+    }
+
     /// Bytes `range` of the object, which must still be `version`: read into a buffer of
     /// exactly the range's length.
     pub async fn fetch(&self, range: Range<u64>, version: &Version) -> Result<Bytes, FetchError> {
@@ -218,6 +258,11 @@ impl Object {
                 result.range.start, result.range.end, range.start, range.end
             )));
         }
+        self.body(result, want).await
+    }
+
+    /// The body of `result`, which must be `want` bytes: read into a buffer of that size.
+    async fn body(&self, result: object_store::GetResult, want: u64) -> Result<Bytes, FetchError> {
         let capacity = usize::try_from(want)
             .map_err(|_| FetchError::Failed(format!("a range of {want} bytes")))?;
         let mut buf = BytesMut::with_capacity(capacity);
