@@ -93,8 +93,9 @@ fn u32_at(b: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
 }
 
-/// The extents a block file holds, when it is whole and of `version` and block `block`.
-fn decode(bytes: &[u8], version: &str, block: u64) -> Option<Extents> {
+/// The extents a block file holds, when it is whole and of `version` and block `block`
+/// (slices of `bytes`, nothing copied).
+fn decode(bytes: &Bytes, version: &str, block: u64) -> Option<Extents> {
     if bytes.get(..8)? != MAGIC {
         return None;
     }
@@ -127,15 +128,15 @@ fn decode(bytes: &[u8], version: &str, block: u64) -> Option<Extents> {
         if crc32fast::hash(body) != crc {
             return None;
         }
-        extents.push((start, Bytes::copy_from_slice(body)));
+        extents.push((start, bytes.slice(data..data + len as usize)));
         data += len as usize;
     }
     (data == bytes.len()).then_some(extents)
 }
 
-fn encode(version: &str, extents: &Extents) -> Vec<u8> {
-    let body: usize = extents.iter().map(|(_, b)| b.len()).sum();
-    let mut out = Vec::with_capacity(16 + version.len() + extents.len() * 20 + body);
+/// The head of a block file: everything but the extents' bytes, which follow it in order.
+fn encode_head(version: &str, extents: &Extents) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + version.len() + extents.len() * 20);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&(version.len() as u32).to_le_bytes());
     out.extend_from_slice(version.as_bytes());
@@ -144,9 +145,6 @@ fn encode(version: &str, extents: &Extents) -> Vec<u8> {
         out.extend_from_slice(&start.to_le_bytes());
         out.extend_from_slice(&(b.len() as u64).to_le_bytes());
         out.extend_from_slice(&crc32fast::hash(b).to_le_bytes());
-    }
-    for (_, b) in extents {
-        out.extend_from_slice(b);
     }
     out
 }
@@ -228,7 +226,7 @@ impl DiskCache {
         }
         let mut bytes = Vec::with_capacity(meta.len() as usize);
         file.read_to_end(&mut bytes).ok()?;
-        match decode(&bytes, &self.version, block) {
+        match decode(&Bytes::from(bytes), &self.version, block) {
             Some(extents) => {
                 // Its time of use, for eviction.
                 let _ = file.set_modified(SystemTime::now());
@@ -249,7 +247,8 @@ impl DiskCache {
             return Ok(());
         }
         static NEXT: AtomicU64 = AtomicU64::new(0);
-        let bytes = encode(&self.version, extents);
+        let head = encode_head(&self.version, extents);
+        let size = head.len() + extents.iter().map(|(_, b)| b.len()).sum::<usize>();
         let tmp = self.dir.join(format!(
             "{block:x}.{}.{}.tmp",
             std::process::id(),
@@ -262,14 +261,17 @@ impl DiskCache {
                 .mode(0o600)
                 .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
                 .open(&tmp)?;
-            f.write_all(&bytes)?;
+            f.write_all(&head)?;
+            for (_, b) in extents {
+                f.write_all(b)?;
+            }
             std::fs::rename(&tmp, self.path(block))
         })();
         if written.is_err() {
             let _ = std::fs::remove_file(&tmp);
         }
         written?;
-        let used = self.used.fetch_add(bytes.len() as u64, Ordering::Relaxed) + bytes.len() as u64;
+        let used = self.used.fetch_add(size as u64, Ordering::Relaxed) + size as u64;
         if used > self.limit {
             self.evict();
         }
