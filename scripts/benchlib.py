@@ -133,14 +133,15 @@ def xattr_offset(path):
 class Mount:
     """A FUSE mount (ptefs or squashfuse) that can be remounted fresh."""
 
-    def __init__(self, kind, source, mountpoint):
+    def __init__(self, kind, source, mountpoint, args=()):
         self.kind, self.source, self.mp = kind, source, mountpoint
+        self.args = list(args)
         self.prog = "ptefs" if kind == "ptefs" else "squashfuse"
         os.makedirs(mountpoint, exist_ok=True)
 
     def mount(self):
         """Mounts; returns ms from exec until `probe` lists, and the mount command's ms."""
-        cmd = [PTEFS, "mount", self.source, self.mp] if self.kind == "ptefs" else \
+        cmd = [PTEFS, "mount", self.source, self.mp] + self.args if self.kind == "ptefs" else \
             ["squashfuse", self.source, self.mp]
         probe = os.path.join(self.mp, "plans/forward" if self.kind == "ptefs" else "values")
         t0 = now_ns()

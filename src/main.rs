@@ -31,6 +31,71 @@ struct Cli {
     command: Command,
 }
 
+/// How a remote model (an `https://`, `s3://`, `gs://` or `az://` URL) is read.
+#[derive(clap::Args, Debug, Clone)]
+struct RemoteArgs {
+    /// Block cache of remote models on disk [default: $XDG_CACHE_HOME/ptefs, else ~/.cache/ptefs].
+    #[arg(long, value_name = "DIR", help_heading = "Remote models")]
+    cache_dir: Option<PathBuf>,
+    /// Bytes the block cache may hold (suffixes K, M, G; 0: no cache on disk) [default: 4G].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Remote models")]
+    cache_size: Option<u64>,
+    /// Seconds a connection or a read may stall before it is retried [default: 30].
+    #[arg(long, value_name = "SECONDS", help_heading = "Remote models")]
+    timeout: Option<f64>,
+    /// Retries of a failed request, with backoff, before a read fails with EIO [default: 3].
+    #[arg(long, value_name = "N", help_heading = "Remote models")]
+    retries: Option<usize>,
+}
+
+impl RemoteArgs {
+    /// Makes these the settings of every remote object this process opens.
+    fn configure(&self) -> Result<(), String> {
+        let mut s = ptefs::source::remote::Settings::default();
+        if let Some(d) = &self.cache_dir {
+            s.cache_dir =
+                Some(std::path::absolute(d).map_err(|e| format!("{}: {e}", d.display()))?);
+        }
+        if let Some(n) = self.cache_size {
+            s.cache_size = n;
+        }
+        if let Some(t) = self.timeout {
+            s.timeout = std::time::Duration::try_from_secs_f64(t)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| format!("--timeout {t}: expected a positive number of seconds"))?;
+        }
+        if let Some(r) = self.retries {
+            s.retries = r;
+        }
+        ptefs::source::remote::configure(s);
+        Ok(())
+    }
+}
+
+/// A size with an optional K, M, G or T suffix (powers of 1024).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (digits, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(format!("{s}: expected a size such as 512M or 4G")),
+            };
+            (&t[..i], shift)
+        }
+        _ => (t, 0),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s}: expected a size such as 512M or 4G"))?;
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{s}: too large"))
+}
+
 #[derive(clap::Args, Debug, Clone)]
 struct MountArgs {
     file: PathBuf,
@@ -55,6 +120,8 @@ struct MountArgs {
     log_file: Option<PathBuf>,
     #[arg(long, value_name = "N", help = MAX_NODES_HELP)]
     max_nodes: Option<u64>,
+    #[command(flatten)]
+    remote: RemoteArgs,
 }
 
 #[derive(Subcommand)]
@@ -79,6 +146,8 @@ enum Command {
         data: Vec<PathBuf>,
         #[arg(long, value_name = "N", help = MAX_NODES_HELP, default_value_t = DEFAULT_MAX_NODES, hide_default_value = true)]
         max_nodes: u64,
+        #[command(flatten)]
+        remote: RemoteArgs,
     },
     /// Write a file of the tree to standard output, without FUSE.
     Cat {
@@ -88,6 +157,8 @@ enum Command {
         data: Vec<PathBuf>,
         #[arg(long, value_name = "N", help = MAX_NODES_HELP, default_value_t = DEFAULT_MAX_NODES, hide_default_value = true)]
         max_nodes: u64,
+        #[command(flatten)]
+        remote: RemoteArgs,
     },
     /// One-screen summary: kind, plans, values, tensors by dtype, segments, delegates.
     Info {
@@ -96,6 +167,8 @@ enum Command {
         data: Vec<PathBuf>,
         #[arg(long, value_name = "N", help = MAX_NODES_HELP, default_value_t = DEFAULT_MAX_NODES, hide_default_value = true)]
         max_nodes: u64,
+        #[command(flatten)]
+        remote: RemoteArgs,
     },
     /// Update many tensors at once from a safetensors file, without FUSE: every tensor it
     /// names (as the files' weights.safetensors name them) must exist with the same dtype
@@ -118,6 +191,8 @@ enum Command {
         data: Vec<PathBuf>,
         #[arg(long, value_name = "N", help = MAX_NODES_HELP, default_value_t = DEFAULT_MAX_NODES, hide_default_value = true)]
         max_nodes: u64,
+        #[command(flatten)]
+        remote: RemoteArgs,
     },
     /// Finish or discard the commit a crash interrupted, without FUSE: a whole journal is
     /// replayed, a torn one discarded (saying why), any other refused and left in place.
@@ -188,9 +263,27 @@ fn main() -> ExitCode {
     ) {
         die_on_closed_pipe();
     }
+    let remote = match &cli.command {
+        Command::Mount(MountArgs { remote, .. })
+        | Command::Ls { remote, .. }
+        | Command::Cat { remote, .. }
+        | Command::Info { remote, .. }
+        | Command::Check { remote, .. } => Some(remote),
+        _ => None,
+    };
+    if let Some(Err(e)) = remote.map(RemoteArgs::configure) {
+        return fail(e);
+    }
+    let code = run(cli.command);
+    // Blocks of remote models fetched last reach the cache before the process ends.
+    ptefs::source::remote::flush();
+    code
+}
+
+fn run(command: Command) -> ExitCode {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    match cli.command {
+    match command {
         Command::Mount(a) => exit_code(commands::mount(&MountRequest {
             file: a.file,
             mountpoint: a.mountpoint,
@@ -210,6 +303,7 @@ fn main() -> ExitCode {
             recursive,
             data,
             max_nodes,
+            ..
         } => exit_code(
             commands::open_fs_limited(&file, &data, max_nodes)
                 .and_then(|fs| commands::ls(&fs, &path, long, recursive, &mut out)),
@@ -219,6 +313,7 @@ fn main() -> ExitCode {
             path,
             data,
             max_nodes,
+            ..
         } => exit_code(
             commands::open_fs_limited(&file, &data, max_nodes)
                 .and_then(|fs| commands::cat(&fs, &path, &mut out)),
@@ -227,6 +322,7 @@ fn main() -> ExitCode {
             file,
             data,
             max_nodes,
+            ..
         } => exit_code(
             commands::open_fs_limited(&file, &data, max_nodes)
                 .and_then(|fs| commands::info(&fs, &mut out)),
@@ -249,11 +345,20 @@ fn main() -> ExitCode {
             file,
             data,
             max_nodes,
+            ..
         } => {
             let report = commands::check_report(&file, &data, max_nodes);
             for line in report.defects.iter().chain(&report.advice) {
                 let _ = writeln!(out, "{line}");
             }
+            // A URL is shown without its secrets.
+            let file = match file
+                .to_str()
+                .filter(|f| ptefs::source::remote::is_remote(f))
+            {
+                Some(url) => PathBuf::from(ptefs::source::remote::shown(url)),
+                None => file,
+            };
             if report.defects.is_empty() {
                 let _ = writeln!(out, "{}: ok", file.display());
                 ExitCode::SUCCESS

@@ -23,12 +23,58 @@ use crate::format::{FormatError, Model};
 pub struct Decoded {
     pub payload: Box<dyn Payload>,
     pub location: Location,
+    /// The bytes of the payload its tree reads: all of them, or, for a large payload of a
+    /// file that is not in memory (a remote one), its header and flatbuffer.
+    read: Location,
+}
+
+/// Past this size, a payload of a file that is not in memory is read up to the end of its
+/// flatbuffer only: its data region (constants) is read when a file shows it.
+const READ_WHOLE: u64 = 1 << 20;
+
+/// The bytes of the payload at `location` to decode: the whole payload, or, when the file
+/// is not in memory and the payload is large and has a header (`XH00`, `VH00`), its header
+/// and flatbuffer, in a buffer of the payload's size whose other bytes are zeros that are
+/// never read (the decoders check the data region's bounds only; the operating system
+/// gives such pages no memory until they are written). And which bytes those are.
+fn payload_bytes<'m>(
+    model: &'m Model, location: &Location,
+) -> Result<(Cow<'m, [u8]>, Location), FormatError> {
+    let file = &model.files[location.file];
+    let len = location.range.len();
+    if file.mapped().is_some() || len <= READ_WHOLE {
+        return Ok((file.read_at(location)?, *location));
+    }
+    let head = file.read(location.range.slice_from(0, 30))?;
+    let u32_at = |at: usize| {
+        u64::from(u32::from_le_bytes([
+            head[at],
+            head[at + 1],
+            head[at + 2],
+            head[at + 3],
+        ]))
+    };
+    let flatbuffer_end = match &head[4..8] {
+        // Never less than the header itself.
+        b"XH00" | b"VH00" => (u32_at(10) + u32_at(14)).max(head.len() as u64),
+        _ => len,
+    };
+    if flatbuffer_end >= len {
+        return Ok((file.read_at(location)?, *location));
+    }
+    let prefix = Location {
+        file: location.file,
+        range: location.range.slice_from(0, flatbuffer_end),
+    };
+    let mut bytes = vec![0u8; len as usize];
+    bytes[..flatbuffer_end as usize].copy_from_slice(&file.read_at(&prefix)?);
+    Ok((Cow::Owned(bytes), prefix))
 }
 
 impl Decoded {
-    /// The bytes the payload was decoded from.
+    /// The bytes the payload's renderings read (its header and flatbuffer at least).
     pub fn bytes<'m>(&self, model: &'m Model) -> Result<Cow<'m, [u8]>, FormatError> {
-        model.files[self.location.file].read_at(&self.location)
+        model.files[self.read.file].read_at(&self.read)
     }
 
     /// Where the bytes a reference of this payload names are.
@@ -135,8 +181,8 @@ impl Payloads {
                 let Some(Ok(location)) = layout.plans[p].delegates.get(j) else {
                     continue;
                 };
-                let bytes = match model.files[location.file].read_at(location) {
-                    Ok(bytes) => bytes,
+                let (bytes, read) = match payload_bytes(model, location) {
+                    Ok(b) => b,
                     Err(e) => {
                         out.refused.insert((p, j), e);
                         continue;
@@ -168,6 +214,7 @@ impl Payloads {
                     Arc::new(Decoded {
                         payload,
                         location: *location,
+                        read,
                     }),
                 );
             }

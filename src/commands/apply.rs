@@ -69,6 +69,10 @@ fn refuse_ambiguous(entries: &[Entry], model: &Model, header: &Header) -> Result
 
 /// Runs `ptefs apply`, printing what changed (or would) to `out`.
 pub fn apply(req: &ApplyRequest, out: &mut dyn Write) -> Result<bulk::Summary> {
+    crate::host::refuse_remote(
+        "ptefs apply",
+        std::iter::once(req.file.as_path()).chain(req.data.iter().map(PathBuf::as_path)),
+    )?;
     let (file, data) = crate::host::canonical_files(&req.file, &req.data)?;
     let paths: Vec<&PathBuf> = std::iter::once(&file).chain(&data).collect();
     let claims = claims::Claims::new(

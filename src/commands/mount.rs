@@ -14,6 +14,7 @@ use crate::daemon::background::{self, Ready, Side};
 use crate::daemon::{logging, options, serve};
 use crate::edit::recovery;
 use crate::error::{Error, Result};
+use crate::format::model::remote_name;
 use crate::format::Model;
 use crate::host::{canonical_files, claims, mounts};
 use crate::tree::{Tree, DEFAULT_MAX_NODES};
@@ -208,6 +209,21 @@ fn warnings(tree: &Tree) -> serve::Warnings {
     })
 }
 
+/// The first of `files` that is a remote object (shown without its secrets), after
+/// checking that each remote one is a URL ptefs can read.
+fn remote_files<'a>(files: impl Iterator<Item = &'a PathBuf>) -> Result<Option<String>> {
+    let mut first = None;
+    for f in files {
+        if let Some(url) = remote_name(f) {
+            let address = crate::source::remote::Address::parse(url).map_err(|e| {
+                Error::invalid(format!("{}: {e}", crate::source::remote::shown(url)))
+            })?;
+            first.get_or_insert(address.shown);
+        }
+    }
+    Ok(first)
+}
+
 /// Parses the model and its data files and builds the tree that the mount shows, unless it
 /// would have more than `max_nodes` nodes.
 fn open_tree(file: &Path, data: &[PathBuf], read_only: bool, max_nodes: u64) -> Result<Tree> {
@@ -252,21 +268,41 @@ pub fn mount(req: &MountRequest) -> Result<()> {
     logging::init(req.verbose, log_target)?;
     // Everything that can be checked is checked while the terminal is still ours.
     let (file, data) = canonical_files(&req.file, &req.data)?;
+    // A remote object's URL is checked here; the object itself is first asked for by the
+    // daemon (the network runtime cannot cross the fork).
+    let remote = remote_files(std::iter::once(&file).chain(&data))?;
     let mountpoint = mountpoint_dir(&req.mountpoint)?;
     fuse_usable()?;
     refuse_mount_over(&mountpoint)?;
-    // Each file is mounted once; the claims are held for the daemon's whole life.
-    let mut claims = std::iter::once(&file)
-        .chain(&data)
+    // Each local file is mounted once; the claims are held for the daemon's whole life. A
+    // remote object is claimed by nobody: ptefs never writes to one.
+    let local = || {
+        std::iter::once(&file)
+            .chain(&data)
+            .filter(|p| remote_name(p).is_none())
+    };
+    let mut claims = local()
         .map(|p| claims::claim_file(p, claims::Holder::Mount(&mountpoint)))
         .collect::<Result<Vec<_>>>()?;
-    for p in std::iter::once(&file).chain(&data) {
+    for p in local() {
         mounts::refuse_if_mounted(p)?;
     }
     let (fuse_options, o_max_nodes) = own_options(&req.options)?;
     let max_nodes = req.max_nodes.or(o_max_nodes).unwrap_or(DEFAULT_MAX_NODES);
-    let (config, read_only) = options::fuse_config(&fuse_options, req.read_only, &file);
-    for p in std::iter::once(&file).chain(&data) {
+    if let Some(url) = &remote {
+        log::info!("{url}: a remote model is mounted read-only (writes fail with EROFS)");
+    }
+    let shown = match &remote {
+        Some(_) => PathBuf::from(crate::source::remote::shown(&file.to_string_lossy())),
+        None => file.clone(),
+    };
+    let (config, read_only) = options::fuse_config(
+        &fuse_options,
+        req.read_only || remote.is_some(),
+        &shown,
+        remote.is_some(),
+    );
+    for p in local() {
         // Printed, unless the log itself goes to the terminal (foreground, or no syslog).
         if let Err(e) = recovery::recover(p, !req.foreground && !runtime_log) {
             if !read_only {

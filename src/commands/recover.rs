@@ -17,6 +17,10 @@ use crate::host::{claims, mounts};
 /// refusals (journals that are not trusted) are returned together, one a line, after the
 /// others are done.
 pub fn recover(file: &Path, data: &[PathBuf], out: &mut dyn Write) -> Result<()> {
+    crate::host::refuse_remote(
+        "ptefs recover",
+        std::iter::once(file).chain(data.iter().map(PathBuf::as_path)),
+    )?;
     let paths = std::iter::once(file)
         .chain(data.iter().map(PathBuf::as_path))
         .map(|p| {

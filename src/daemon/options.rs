@@ -7,10 +7,16 @@ use fuser::{Config, MountOption, SessionACL};
 
 /// Worker threads answering the kernel (each with its own `/dev/fuse` descriptor).
 const WORKERS: usize = 2;
+/// Worker threads of a mount of a remote object: a read waiting on the network holds its
+/// thread, and the others go on answering (docs/remote.md#faults).
+const REMOTE_WORKERS: usize = 16;
 
 /// The session configuration for `file`, and whether the mount is read-only (`--read-only`
 /// or `-o ro`).
-pub fn fuse_config(options: &[String], read_only: bool, file: &Path) -> (Config, bool) {
+/// `remote`: the model's bytes come over the network (more threads wait on it).
+pub fn fuse_config(
+    options: &[String], read_only: bool, file: &Path, remote: bool,
+) -> (Config, bool) {
     let mut read_only = read_only;
     let mut fsname = crate::host::mounts::fsname(file);
     let mut subtype = "ptefs".to_string();
@@ -75,7 +81,7 @@ pub fn fuse_config(options: &[String], read_only: bool, file: &Path) -> (Config,
     let mut cfg = Config::default();
     cfg.mount_options = opts;
     cfg.acl = acl;
-    cfg.n_threads = Some(WORKERS);
+    cfg.n_threads = Some(if remote { REMOTE_WORKERS } else { WORKERS });
     cfg.clone_fd = true;
     (cfg, read_only)
 }
@@ -87,7 +93,7 @@ mod tests {
     #[test]
     fn parses_mount_options() {
         let options = vec!["allow_other,ro".to_string(), "fsname=x".to_string()];
-        let (cfg, ro) = fuse_config(&options, false, Path::new("/m.pte"));
+        let (cfg, ro) = fuse_config(&options, false, Path::new("/m.pte"), false);
         assert!(ro);
         assert_eq!(cfg.acl, SessionACL::All);
         assert!(cfg.mount_options.contains(&MountOption::FSName("x".into())));

@@ -187,6 +187,8 @@ pub fn serve(
         },
         Err(_) => Ok(()),
     };
+    // Blocks of a remote model fetched last reach the cache before the daemon exits.
+    crate::source::remote::flush();
     // The files are free again before `ptefs umount`, which waits on the lock, returns.
     claims.release();
     drop(lock);

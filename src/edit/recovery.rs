@@ -58,6 +58,8 @@ pub fn interrupted_commits(file: &Path, data: &[PathBuf]) -> Vec<String> {
     use crate::edit::journal::{journal_path, pending, Pending};
     std::iter::once(file)
         .chain(data.iter().map(PathBuf::as_path))
+        // A remote object has no journal beside it: ptefs never writes to one.
+        .filter(|path| crate::format::model::remote_name(path).is_none())
         .filter_map(|path| {
             let j = journal_path(path).display().to_string();
             let f = path.display();

@@ -75,6 +75,13 @@ impl Kind {
     }
 }
 
+/// The URL `path` holds when it names a remote object (`https://…`, `s3://…`), not a
+/// local file.
+pub fn remote_name(path: &Path) -> Option<&str> {
+    path.to_str()
+        .filter(|s| crate::source::remote::is_remote(s))
+}
+
 /// A parsed `.pte` or `.ptd`, and where its bytes come from.
 pub struct ModelFile {
     pub path: PathBuf,
@@ -155,6 +162,9 @@ impl ModelFile {
     }
 
     fn open_with(path: &Path, writable: bool) -> Result<ModelFile, FormatError> {
+        if let Some(url) = remote_name(path) {
+            return ModelFile::open_remote(url);
+        }
         let local = LocalFile::open(path, writable)
             .map_err(|e| FormatError::new(format!("{}: cannot open: {e}", path.display())))?;
         ModelFile::from_local(local)
@@ -200,6 +210,26 @@ impl ModelFile {
             source,
             stamp: Mutex::new(stamp),
         })
+    }
+
+    /// Opens and parses the remote object `url` names (read-only: no descriptor, nothing
+    /// to write through). The model is known by the URL without its secrets.
+    pub fn open_remote(url: &str) -> Result<ModelFile, FormatError> {
+        let opened = crate::source::remote::open(url).map_err(|e| {
+            let shown = crate::source::remote::Address::parse(url)
+                .map(|a| a.shown)
+                .unwrap_or_else(|_| "the URL".into());
+            FormatError::new(format!("{shown}: {e}"))
+        })?;
+        let mut file =
+            ModelFile::from_source(PathBuf::from(&opened.shown), Box::new(opened.source))?;
+        file.name = opened.file_name.into();
+        Ok(file)
+    }
+
+    /// Whether the bytes are a remote object's (no local file beside them).
+    pub fn is_remote(&self) -> bool {
+        remote_name(&self.path).is_some()
     }
 
     /// Parses the file `source` holds, known as `path` (bytes that are not a local file:
@@ -318,6 +348,14 @@ impl ModelFile {
     pub fn read(&self, range: ByteRange) -> Result<Cow<'_, [u8]>, FormatError> {
         self.source
             .read(range.start()..range.end())
+            .map_err(|e| FormatError::new(format!("{}: cannot read: {e}", self.path.display())))
+    }
+
+    /// The bytes of `range` of the file, for a reader of a file of the tree whose bytes end
+    /// at `limit` (a remote source reads ahead no further).
+    pub fn read_within(&self, range: ByteRange, limit: u64) -> Result<Cow<'_, [u8]>, FormatError> {
+        self.source
+            .read_within(range.start()..range.end(), limit)
             .map_err(|e| FormatError::new(format!("{}: cannot read: {e}", self.path.display())))
     }
 

@@ -88,24 +88,28 @@ fn check_still_backed(tree: &Tree, loc: &Location) -> Result<()> {
     Ok(())
 }
 
-/// Bytes `range` of model file `file`, read (or copied from its mapping); a failure is EIO.
+/// Bytes `range` of model file `file`, read (or copied from its mapping) for a reader of a
+/// tree file whose bytes end at `limit` (a remote source reads ahead no further); a failure
+/// is EIO.
 fn read_range(
-    tree: &Tree, file: usize, range: crate::format::range::ByteRange,
+    tree: &Tree, file: usize, range: crate::format::range::ByteRange, limit: u64,
 ) -> Result<std::borrow::Cow<'_, [u8]>> {
     tree.model.files[file]
-        .read(range)
+        .read_within(range, limit)
         .map_err(|e| Error::new(libc::EIO, e.to_string()))
 }
 
 /// Bytes `start..end` of model file `file` as a reply: a slice of the mapping when the file
-/// is mapped (nothing copied), else the bytes read.
-fn range_part(tree: &Arc<Tree>, file: usize, start: usize, end: usize) -> Result<Part> {
+/// is mapped (nothing copied), else the bytes read (`limit` as in `read_range`).
+fn range_part(tree: &Arc<Tree>, file: usize, start: usize, end: usize, limit: u64) -> Result<Part> {
     if tree.model.files[file].mapped().is_some() {
         return Ok(Part::Mapped { file, start, end });
     }
     let range = crate::format::range::ByteRange::new(start as u64, (end - start) as u64)
         .ok_or_else(|| Error::new(libc::EIO, "a read range overflows"))?;
-    Ok(Part::Owned(read_range(tree, file, range)?.into_owned()))
+    Ok(Part::Owned(
+        read_range(tree, file, range, limit)?.into_owned(),
+    ))
 }
 
 fn window(len: u64, offset: u64, size: u32) -> (usize, usize) {
@@ -227,7 +231,7 @@ pub fn read(tree: Arc<Tree>, ino: Ino, offset: u64, size: u32) -> Result<ReadDat
                 check_still_backed(&tree, loc)?;
             }
             let base = loc.range.start() as usize;
-            range_part(&tree, loc.file, base + s, base + e)?
+            range_part(&tree, loc.file, base + s, base + e, loc.range.end())?
         }
         Content::Npy { header, location } => {
             let total = header.len() as u64 + location.range.len();
@@ -238,7 +242,13 @@ pub fn read(tree: Arc<Tree>, ino: Ino, offset: u64, size: u32) -> Result<ReadDat
                     check_still_backed(&tree, location)?;
                 }
                 let base = location.range.start() as usize;
-                range_part(&tree, location.file, base + (s - h), base + (e - h))?
+                range_part(
+                    &tree,
+                    location.file,
+                    base + (s - h),
+                    base + (e - h),
+                    location.range.end(),
+                )?
             } else {
                 // The first read straddles the generated header: join the two parts.
                 let mut out = header[s..e.min(h)].to_vec();
@@ -247,7 +257,12 @@ pub fn read(tree: Arc<Tree>, ino: Ino, offset: u64, size: u32) -> Result<ReadDat
                     let base = location.range.start();
                     let range = location.range.slice_from(0, (e - h) as u64);
                     debug_assert_eq!(range.start(), base);
-                    out.extend_from_slice(&read_range(&tree, location.file, range)?);
+                    out.extend_from_slice(&read_range(
+                        &tree,
+                        location.file,
+                        range,
+                        location.range.end(),
+                    )?);
                     // A truncation during the copy leaves zeros behind: do not serve them.
                     check_still_backed(&tree, location)?;
                 }
@@ -268,6 +283,9 @@ pub fn read(tree: Arc<Tree>, ino: Ino, offset: u64, size: u32) -> Result<ReadDat
         Content::Weights { file } => {
             let w = tree.weights(*file);
             let pieces = w.pieces(offset, size);
+            // The tensors follow each other in file order: the last one ends the bytes
+            // the file shows.
+            let limit = w.entries.last().map_or(0, |e| e.location.range.end());
             for p in &pieces {
                 if let Piece::Range(l) = p {
                     check_still_backed(&tree, l)?;
@@ -280,15 +298,19 @@ pub fn read(tree: Arc<Tree>, ino: Ino, offset: u64, size: u32) -> Result<ReadDat
                     l.file,
                     l.range.start() as usize,
                     l.range.end() as usize,
+                    limit.max(l.range.end()),
                 )?,
                 _ => {
                     let mut out = Vec::with_capacity(size as usize);
                     for p in &pieces {
                         match p {
                             Piece::Header(h) => out.extend_from_slice(h),
-                            Piece::Range(l) => {
-                                out.extend_from_slice(&read_range(&tree, l.file, l.range)?)
-                            }
+                            Piece::Range(l) => out.extend_from_slice(&read_range(
+                                &tree,
+                                l.file,
+                                l.range,
+                                limit.max(l.range.end()),
+                            )?),
                         }
                     }
                     for p in &pieces {
@@ -368,7 +390,12 @@ pub fn read_for_copy(tree: Arc<Tree>, ino: Ino, offset: u64, size: u32) -> Resul
                             format!("{}: cannot read: {e}", file.path.display()),
                         )
                     })?,
-                    None => out[start..].copy_from_slice(&read_range(&tree, l.file, l.range)?),
+                    None => out[start..].copy_from_slice(&read_range(
+                        &tree,
+                        l.file,
+                        l.range,
+                        l.range.end(),
+                    )?),
                 }
             }
         }

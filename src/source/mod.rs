@@ -1,6 +1,6 @@
 //! Where a model file's bytes come from: a local file mapped into memory (reads are slices
-//! of the mapping, nothing copied), or bytes held in memory; ranged reads of a remote object
-//! fit the same interface. Parsing, the tree, the backends and the read path ask a
+//! of the mapping, nothing copied), bytes held in memory, or ranged reads of a remote
+//! object (`remote`: HTTP(S) and object stores). Parsing, the tree, the backends and the read path ask a
 //! [`ByteSource`] for ranges and never learn which kind it is; only the read path asks
 //! whether the whole file is mapped, to reply with slices of it.
 //!
@@ -10,6 +10,7 @@
 //! through `poisoned()`.
 
 pub mod local;
+pub mod remote;
 
 use std::borrow::Cow;
 use std::io;
@@ -33,6 +34,14 @@ pub trait ByteSource: Send + Sync {
 
     /// The bytes of `range`: borrowed when the file is in memory, read otherwise.
     fn read(&self, range: Range<u64>) -> io::Result<Cow<'_, [u8]>>;
+
+    /// The bytes of `range`, read by a reader of a file of the tree whose bytes end at
+    /// `limit`: a source that reads ahead for sequential readers reads no further than
+    /// that.
+    fn read_within(&self, range: Range<u64>, limit: u64) -> io::Result<Cow<'_, [u8]>> {
+        let _ = limit;
+        self.read(range)
+    }
 
     /// Whether the bytes can no longer be trusted (the file shrank under its mapping).
     fn poisoned(&self) -> bool {

@@ -6,6 +6,7 @@
 pub mod mount;
 pub mod payloads;
 pub mod safetensors;
+pub mod servers;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
