@@ -215,7 +215,7 @@ impl WeightsFile {
         let mut at = header.len() as u64;
         for e in &entries {
             starts.push(at);
-            at += e.location.range.len();
+            at = at.saturating_add(e.location.range.len());
         }
         WeightsFile {
             header,

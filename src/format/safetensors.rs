@@ -147,13 +147,16 @@ pub fn header(tensors: &[(String, &str, Vec<u64>, u64)], metadata: &[(String, St
             .collect();
         map.insert("__metadata__".into(), Value::Object(meta));
     }
+    // Offsets saturate rather than wrap: tensors of a real file cannot add up past 2^64
+    // bytes, and a file claiming they do gets a header no reader accepts, never a panic.
     let mut at = 0u64;
     for (name, dtype, shape, nbytes) in tensors {
+        let end = at.saturating_add(*nbytes);
         map.insert(
             name.clone(),
-            json!({ "dtype": dtype, "shape": shape, "data_offsets": [at, at + nbytes] }),
+            json!({ "dtype": dtype, "shape": shape, "data_offsets": [at, end] }),
         );
-        at += nbytes;
+        at = end;
     }
     let mut text = serde_json::to_vec(&Value::Object(map)).expect("JSON of strings and numbers");
     while text.len() % 8 != 0 {
