@@ -398,15 +398,15 @@ fn weights_safetensors_is_listed_on_first_lookup() {
     let (_c, fs, _, _, _) = linear();
     let tree = fs.tree();
     let ino = find(&fs, "weights.safetensors");
-    let Content::Weights { file } = &tree.node(ino).unwrap().content else {
+    let Content::Weights { view } = &tree.node(ino).unwrap().content else {
         panic!("weights.safetensors is a weights file");
     };
-    assert!(tree.catalog.weights_if_listed(*file).is_none());
+    assert!(tree.catalog.weights_if_listed(*view).is_none());
     let attr = fs.lookup(ptefs::tree::ROOT, OsStr::new("weights.safetensors"));
     assert!(attr.is_ok());
     let built = tree
         .catalog
-        .weights_if_listed(*file)
+        .weights_if_listed(*view)
         .expect("listed by the lookup");
     assert_eq!(tree.size(ino), built.len);
     assert!(!built.entries.is_empty());

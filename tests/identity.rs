@@ -424,7 +424,7 @@ fn bulk_updates_keep_distinct_tensors_apart() {
         .unwrap()
         .content
     {
-        Content::Weights { file } => tree.weights(*file).entries.clone(),
+        Content::Weights { view } => tree.weights(*view).entries.clone(),
         _ => panic!("weights.safetensors is a weights file"),
     };
     // Values 8, 9 and 10 of forward are three tensors on one constant buffer.
@@ -593,7 +593,7 @@ fn equal_new_bytes_for_every_sharer_stay_shared_and_in_place() {
         .unwrap()
         .content
     {
-        Content::Weights { file } => tree.weights(*file).entries.clone(),
+        Content::Weights { view } => tree.weights(*view).entries.clone(),
         _ => panic!("weights.safetensors is a weights file"),
     };
     drop(tree);

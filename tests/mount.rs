@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 mod common;
-use common::mount::{py, py_errno, run, text, tool, Mount, BIN};
+use common::mount::{py, py_errno, run, text, tool, xattr, Mount, BIN};
 use common::{
     copy_files, fixture_files, fuse_missing, is_mounted, load_json, mountinfo_line, pattern,
     sha256_hex, Copied,
@@ -1628,7 +1628,7 @@ fn refusals_are_readable_beside_the_file_and_in_errors() {
         ),
         "EINVAL"
     );
-    let reason = xattr::get(&bin, "user.ptefs.error");
+    let reason = xattr(&bin, "user.ptefs.error");
     assert!(
         reason.contains("needs 48 bytes for FLOAT[3,4], got 40"),
         "{reason}"
@@ -1649,26 +1649,11 @@ fn refusals_are_readable_beside_the_file_and_in_errors() {
     // `errors` keeps the history.
     assert_eq!(std::fs::read(&bin).unwrap(), good);
     std::fs::write(&bin, &good).unwrap();
-    assert_eq!(xattr::get(&bin, "user.ptefs.error"), "");
+    assert_eq!(xattr(&bin, "user.ptefs.error"), "");
     assert_eq!(std::fs::read(&errors).unwrap(), log.as_bytes());
     // `errors` is read-only.
     let errors_s = errors.to_str().unwrap();
     assert_eq!(py_errno("open(sys.argv[1], 'ab')", &[errors_s]), "EACCES");
     let meta = std::fs::metadata(&errors).unwrap();
     assert_eq!(meta.permissions().mode() & 0o222, 0);
-}
-
-/// Reading one extended attribute with `getfattr`, as a user does.
-mod xattr {
-    use std::path::Path;
-
-    /// The value, or "" when the file has no such attribute.
-    pub fn get(path: &Path, name: &str) -> String {
-        let out = std::process::Command::new("getfattr")
-            .args(["--only-values", "-n", name])
-            .arg(path)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
 }

@@ -5,7 +5,10 @@
 //! safetensors file, changes nothing and fails at `close()` with EINVAL, the log naming every
 //! mismatch; staged content past 64 MiB spills to an unnamed file that only the daemon holds,
 //! in the model's directory (else `$TMPDIR`), whatever was planted there; and a 1 GiB update of
-//! a 1 GiB model leaves the daemon's peak memory under 256 MiB.
+//! a 1 GiB model leaves the daemon's peak memory under 256 MiB. A data file's own
+//! `weights.safetensors` is the same whether it is mounted alone or under its program, the
+//! program's root lists every file's tensors, and a refusal says which of them takes a
+//! tensor that does not fit.
 //!
 //! What a tensor is (name, dtype, shape, bytes, where it lives) always comes from the
 //! mount's own `weights.safetensors` and `.json` files, never from facts written here.
@@ -18,7 +21,7 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::mount::{py, py_errno, run, text, Mount, BIN};
+use common::mount::{py, py_errno, run, text, xattr, Mount, BIN};
 use common::safetensors::{self as st, layer_name, many_tensor_ptd};
 use common::{copy_fixture, fuse_missing, pattern, sha256_hex};
 use serde_json::Value;
@@ -896,4 +899,152 @@ fn a_hostile_header_costs_the_daemon_what_the_model_justifies() {
     }
     assert_eq!(files_of(&m), before);
     assert_eq!(read(&w), old);
+}
+
+/// The tensors of a safetensors file by name: (dtype, shape, bytes).
+fn by_name(raw: &[u8]) -> BTreeMap<String, (String, Vec<u64>, Vec<u8>)> {
+    st::tensors(raw)
+        .into_iter()
+        .map(|(n, d, s, b)| (n, (d, s, b)))
+        .collect()
+}
+
+/// The stem a mount names data file `data` by, under `data/`.
+fn stem(data: &Path) -> String {
+    data.file_stem().unwrap().to_str().unwrap().to_string()
+}
+
+#[test]
+fn a_data_file_shows_the_same_tensors_alone_and_under_its_program_and_the_root_shows_all() {
+    if fuse_missing() {
+        return;
+    }
+    for fixture in ["linear_xnnpack_ext.pte", "llama_lora.pte"] {
+        let (m, _log) = mounted(fixture);
+        let root_raw = read(&m.path("weights.safetensors"));
+        let root = by_name(&root_raw);
+        let root_meta = st::metadata(&root_raw);
+        let mut listed = 0;
+        let mut typed = 0;
+        for data in &m.data {
+            let prefix = format!("data/{}/", stem(data));
+            let under = read(&m.path(&format!("{prefix}weights.safetensors")));
+            let alone_mount = Mount::new(data, &[], &[]);
+            let alone = read(&alone_mount.path("weights.safetensors"));
+            // The same tensors, dtypes, shapes and bytes; paths from each mount's root.
+            assert_eq!(by_name(&under), by_name(&alone), "{fixture}: {prefix}");
+            let (meta_under, meta_alone) = (st::metadata(&under), st::metadata(&alone));
+            assert_eq!(meta_under.len(), meta_alone.len());
+            for (name, path) in &meta_alone {
+                let path = path.as_str().unwrap();
+                assert_eq!(meta_under[name], format!("{prefix}{path}"), "{name}");
+            }
+            // The root lists each of them at the same path with the same bytes, typed by
+            // the program that reads it where the data file alone cannot know.
+            for (name, (dtype, shape, bytes)) in by_name(&under) {
+                let (root_dtype, root_shape, root_bytes) = &root[&name];
+                assert_eq!(root_bytes, &bytes, "{fixture}: {name}");
+                assert_eq!(root_meta[&name], meta_under[&name], "{fixture}: {name}");
+                if (root_dtype, root_shape) != (&dtype, &shape) {
+                    assert_eq!((dtype.as_str(), shape), ("U8", vec![bytes.len() as u64]));
+                    typed += 1;
+                }
+                listed += 1;
+            }
+        }
+        assert!(listed > 0, "{fixture}: its data files have tensors");
+        assert!(
+            typed > 0,
+            "{fixture}: its program types some data file blob"
+        );
+        // The rest of the root's tensors are the program's own.
+        assert_eq!(
+            root.len() - listed,
+            root_meta
+                .values()
+                .filter(|p| !p.as_str().unwrap().starts_with("data/"))
+                .count(),
+            "{fixture}: the root lists the data files' tensors and the program's"
+        );
+    }
+}
+
+/// Writes `bytes` onto `path` through the mount: "ok" or the errno `close()` (or the write)
+/// gave.
+fn write_through(path: &Path, bytes: &[u8], dir: &Path) -> String {
+    let src = dir.join("update.safetensors");
+    std::fs::write(&src, bytes).unwrap();
+    py_errno(
+        "with open(sys.argv[1], 'wb') as f:\n    f.write(open(sys.argv[2], 'rb').read())",
+        &[arg(path), arg(&src)],
+    )
+}
+
+#[test]
+fn an_update_refused_by_one_weights_file_says_which_one_takes_it() {
+    if fuse_missing() {
+        return;
+    }
+    let (mut m, _log) = mounted("linear_xnnpack_ext.pte");
+    let w = m.path("weights.safetensors");
+    let prefix = format!("data/{}/", stem(&m.data[0]));
+    let under = m.path(&format!("{prefix}weights.safetensors"));
+    let (root_raw, under_raw) = (read(&w), read(&under));
+    let root = by_name(&root_raw);
+    // A blob of the data file the program types (as F32) and the data file alone cannot.
+    let (name, (dtype, shape, old)) = by_name(&under_raw)
+        .into_iter()
+        .find(|(n, (d, _, _))| root[n].0 != *d)
+        .expect("a blob the program types");
+    let (root_dtype, root_shape, _) = root[&name].clone();
+    let new = pattern(old.len(), 0x5a);
+    let typed = st::build(&[(&name, &root_dtype, root_shape.clone(), new.clone())]);
+    let raw = st::build(&[(&name, &dtype, shape.clone(), new.clone())]);
+    let scratch = m.dir.path().to_path_buf();
+    let before = files_of(&m);
+
+    // Typed, onto the data file's own view: refused, pointing at the root.
+    assert_eq!(write_through(&under, &typed, &scratch), "EINVAL");
+    let reason = xattr(&under, "user.ptefs.error");
+    assert!(
+        reason.contains(&format!(
+            "the root weights.safetensors of the mount takes it, as {root_dtype}{root_shape:?}"
+        )),
+        "{reason}"
+    );
+    // Raw, onto the root: refused, pointing at the data file's view.
+    assert_eq!(write_through(&w, &raw, &scratch), "EINVAL");
+    let reason = xattr(&w, "user.ptefs.error");
+    assert!(
+        reason.contains(&format!(
+            "{prefix}weights.safetensors takes it as raw bytes, U8[{}]",
+            old.len()
+        )),
+        "{reason}"
+    );
+    assert_eq!(files_of(&m), before, "a refused update changes nothing");
+
+    // Each is taken where it fits, to the same bytes.
+    assert_eq!(write_through(&w, &typed, &scratch), "ok");
+    assert_eq!(by_name(&read(&under))[&name].2, new);
+    let back = pattern(old.len(), 0x77);
+    let raw_back = st::build(&[(&name, &dtype, shape.clone(), back.clone())]);
+    assert_eq!(write_through(&under, &raw_back, &scratch), "ok");
+    assert_eq!(by_name(&read(&w))[&name].2, back);
+    m.umount();
+    offline_check(&m);
+
+    // The data file mounted alone takes the raw bytes, and says why it cannot take them
+    // typed.
+    let alone = Mount::new(&m.data[0], &[], &[]);
+    let aw = alone.path("weights.safetensors");
+    assert_eq!(write_through(&aw, &typed, &scratch), "EINVAL");
+    let reason = xattr(&aw, "user.ptefs.error");
+    assert!(
+        reason.contains("a data file mounted alone shows its blobs as raw bytes")
+            && reason.contains("--data"),
+        "{reason}"
+    );
+    assert_eq!(write_through(&aw, &raw, &scratch), "ok");
+    assert_eq!(by_name(&read(&aw))[&name].2, new);
 }

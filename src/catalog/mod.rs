@@ -13,7 +13,7 @@ pub mod weights;
 
 use std::sync::{Arc, OnceLock};
 
-use crate::format::layout::FileIndex;
+use crate::format::target::WeightsView;
 use crate::format::Model;
 
 pub use names::Names;
@@ -26,8 +26,9 @@ pub struct Catalog {
     pub names: Names,
     /// The decoded delegate payloads.
     pub payloads: Payloads,
-    /// Per file, its `weights.safetensors` listing, once asked for.
+    /// Per file, its `weights.safetensors` listing, once asked for; and the root's.
     weights: Vec<OnceLock<WeightsFile>>,
+    root_weights: OnceLock<WeightsFile>,
 }
 
 impl Catalog {
@@ -42,22 +43,33 @@ impl Catalog {
         Catalog {
             names: Names::of(&model),
             weights: (0..model.files.len()).map(|_| OnceLock::new()).collect(),
+            root_weights: OnceLock::new(),
             payloads,
             model,
         }
     }
 
-    /// The `weights.safetensors` of file `file`, listed on the first call: listing every
+    /// The `weights.safetensors` `view` shows, listed on the first call: listing every
     /// tensor of a large model costs more than building the rest of its tree, and most
     /// mounts never open the file.
-    pub fn weights(&self, file: FileIndex) -> &WeightsFile {
-        self.weights[file]
-            .get_or_init(|| WeightsFile::of(&self.model, &self.names, &self.payloads, file))
+    pub fn weights(&self, view: WeightsView) -> &WeightsFile {
+        let (model, names, payloads) = (&*self.model, &self.names, &self.payloads);
+        match view {
+            WeightsView::Root => self
+                .root_weights
+                .get_or_init(|| WeightsFile::root(model, names, payloads)),
+            WeightsView::File(file) => {
+                self.weights[file].get_or_init(|| WeightsFile::alone(model, names, file))
+            }
+        }
     }
 
-    /// The listing of file `file` if something asked for it. A listing nobody asked for has
+    /// The listing `view` shows if something asked for it. A listing nobody asked for has
     /// never shown its size or bytes, so nothing cached from it can be stale.
-    pub fn weights_if_listed(&self, file: FileIndex) -> Option<&WeightsFile> {
-        self.weights.get(file)?.get()
+    pub fn weights_if_listed(&self, view: WeightsView) -> Option<&WeightsFile> {
+        match view {
+            WeightsView::Root => self.root_weights.get(),
+            WeightsView::File(file) => self.weights.get(file)?.get(),
+        }
     }
 }

@@ -43,11 +43,10 @@ fn tensor_dtype(shape: &TensorShape, nbytes: u64) -> (&'static str, Vec<u64>) {
 
 /// dtype and shape of a blob a decoded payload reads: what its backend says (4-bit types
 /// as packed `U8`), when that fits its size; else raw bytes.
-fn blob_dtype(payloads: &Payloads, key: &str, nbytes: u64) -> (&'static str, Vec<u64>) {
+fn blob_dtype(payloads: Option<&Payloads>, key: &str, nbytes: u64) -> (&'static str, Vec<u64>) {
     let raw = ("U8", vec![nbytes]);
     let Some((dtype, shape)) = payloads
-        .uses_of(key)
-        .first()
+        .and_then(|p| p.uses_of(key).first())
         .and_then(|u| u.blob.safetensors.clone())
     else {
         return raw;
@@ -77,8 +76,10 @@ struct Candidate {
     identity: Identity,
 }
 
+/// The tensors of file `file`: blobs typed by `payloads` when given, else raw; paths from
+/// the mount's root.
 fn candidates(
-    model: &Model, names: &Names, payloads: &Payloads, file: FileIndex,
+    model: &Model, names: &Names, payloads: Option<&Payloads>, file: FileIndex,
 ) -> Vec<Candidate> {
     let mut out = Vec::new();
     let prefix = names.file_prefix(file);
@@ -150,15 +151,33 @@ fn candidates(
 }
 
 impl WeightsFile {
-    /// The `weights.safetensors` of file `file` of `model`.
-    pub fn of(model: &Model, names: &Names, payloads: &Payloads, file: FileIndex) -> WeightsFile {
+    /// The root's `weights.safetensors`: every file's tensors (the program's first, then
+    /// each attached data file's, as the runtime looks up keys), blobs typed by the decoded
+    /// payloads that read them, paths from the mount's root. A name two files use is the
+    /// first file's; the other gets a `~<n>` suffix.
+    pub fn root(model: &Model, names: &Names, payloads: &Payloads) -> WeightsFile {
+        let all = (0..model.files.len())
+            .flat_map(|f| candidates(model, names, Some(payloads), f))
+            .collect();
+        WeightsFile::of(all)
+    }
+
+    /// The `weights.safetensors` of file `file` with the tensors, names, dtypes and shapes
+    /// a mount of that file alone shows: blobs by their own tensor layout, else raw bytes
+    /// (`__metadata__` gives each tensor's path in this mount).
+    pub fn alone(model: &Model, names: &Names, file: FileIndex) -> WeightsFile {
+        WeightsFile::of(candidates(model, names, None, file))
+    }
+
+    /// The file that lists `candidates`.
+    fn of(candidates: Vec<Candidate>) -> WeightsFile {
         // One entry per tensor: a byte range shown by several paths of one tensor (one
         // parameter used by several plans) appears once, under the first path in tree
         // order, preferring a name of its own (a fully qualified name or a key) over a tree
         // path; distinct tensors that share bytes each have an entry.
         let mut by_range: HashMap<Location, Vec<usize>> = HashMap::new();
         let mut kept: Vec<Candidate> = Vec::new();
-        for c in candidates(model, names, payloads, file) {
+        for c in candidates {
             let on_range = by_range.entry(c.location).or_default();
             let same = on_range
                 .iter()
@@ -177,7 +196,8 @@ impl WeightsFile {
             }
         }
         kept.sort_by(|a, b| {
-            (a.location.range.start(), &a.path).cmp(&(b.location.range.start(), &b.path))
+            let key = |c: &Candidate| (c.location.file, c.location.range.start());
+            (key(a), &a.path).cmp(&(key(b), &b.path))
         });
         let unique = dedupe(
             kept.iter()
@@ -233,8 +253,7 @@ impl WeightsFile {
         let data = self
             .entries
             .iter()
-            .map(|e| e.location.range.len())
-            .sum::<u64>();
+            .fold(0u64, |n, e| n.saturating_add(e.location.range.len()));
         (
             data.saturating_add(8 + bound.bytes),
             format!(

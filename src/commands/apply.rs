@@ -9,7 +9,6 @@
 //! old or all new bytes. `--dry-run` writes nothing, and does not finish interrupted
 //! commits (it reports them).
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
@@ -19,7 +18,8 @@ use crate::catalog::Catalog;
 use crate::edit::recovery;
 use crate::edit::{self, bulk, Source};
 use crate::error::{Error, Result};
-use crate::format::safetensors::{Entry, Header, HeaderBound};
+use crate::format::safetensors::HeaderBound;
+use crate::format::target::WeightsView;
 use crate::format::Model;
 use crate::host::claims;
 
@@ -30,41 +30,6 @@ pub struct ApplyRequest {
     pub data: Vec<PathBuf>,
     pub update: PathBuf,
     pub dry_run: bool,
-}
-
-/// The tensors of every file's `weights.safetensors`.
-fn entries_of(catalog: &Catalog) -> Vec<Entry> {
-    (0..catalog.model.files.len())
-        .flat_map(|file| catalog.weights(file).entries.iter().cloned())
-        .collect()
-}
-
-/// Refuses an update naming tensors that more than one file has.
-fn refuse_ambiguous(entries: &[Entry], model: &Model, header: &Header) -> Result<()> {
-    let mut files_of: HashMap<&str, Vec<usize>> = HashMap::new();
-    for e in entries {
-        files_of.entry(&e.name).or_default().push(e.location.file);
-    }
-    let ambiguous: Vec<String> = header
-        .tensors
-        .iter()
-        .filter_map(|t| {
-            let n = &t.name;
-            let files = files_of.get(n.as_str()).filter(|f| f.len() > 1)?;
-            let paths: Vec<String> = files
-                .iter()
-                .map(|&f| model.files[f].path.display().to_string())
-                .collect();
-            Some(format!("\"{n}\" is a tensor of {}", paths.join(" and ")))
-        })
-        .collect();
-    if !ambiguous.is_empty() {
-        return Err(Error::invalid(format!(
-            "the update names tensors more than one file has, so nothing was written: {}; apply it to each file on its own",
-            ambiguous.join("; ")
-        )));
-    }
-    Ok(())
 }
 
 /// Runs `ptefs apply`, printing what changed (or would) to `out`.
@@ -118,12 +83,13 @@ pub fn apply(req: &ApplyRequest, out: &mut dyn Write) -> Result<bulk::Summary> {
     };
     let catalog = Catalog::of(Arc::new(model));
     let model = &*catalog.model;
-    let entries = entries_of(&catalog);
+    // The tensors the mount's root `weights.safetensors` shows: every file's, named as
+    // there, so an update made for the mount applies here as it is.
+    let entries = catalog.weights(WeightsView::Root).entries.clone();
     // The header is read once the model's tensors say how large it may be.
     let header = bulk::read_header(source, &HeaderBound::of(&entries))
         .map_err(|e| e.context(req.update.display()))?;
-    refuse_ambiguous(&entries, model, &header)?;
-    let (plan, summary) = bulk::plan_header(model, &entries, &header, source)
+    let (plan, summary) = bulk::plan_header(model, &entries, &header, source, None)
         .and_then(|(plan, summary)| Ok((edit::identity::separate(model, plan)?, summary)))
         .map_err(|e| e.context(req.update.display()))?;
     if !req.dry_run {

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use super::plan::Plan;
 use crate::content::{Bytes, Source, Write};
 use crate::error::{Error, Result};
-use crate::format::safetensors::{self, Entry, Header, HeaderBound};
+use crate::format::safetensors::{self, Entry, Header, HeaderBound, TensorInfo};
 use crate::format::Model;
 
 /// At most this many mismatches are spelled out in a refusal.
@@ -61,25 +61,37 @@ fn give_back_memory(header_len: u64) {
     };
 }
 
+/// Where a tensor an update names that does not fit may be meant to go instead (another
+/// `weights.safetensors` of the mount), said after its mismatch: given the tensor and the
+/// entry of that name here, if any.
+pub type Hint<'h> = &'h dyn Fn(&TensorInfo, Option<&Entry>) -> Option<String>;
+
 /// Matches the tensors `header` names against `entries` (a file's `weights.safetensors`);
-/// returns, for each tensor of the update, the entry it updates, or every mismatch.
-pub fn match_entries<'e>(header: &Header, entries: &'e [Entry]) -> Result<Vec<&'e Entry>> {
+/// returns, for each tensor of the update, the entry it updates, or every mismatch (each
+/// followed by what `hint` says of it).
+pub fn match_entries<'e>(
+    header: &Header, entries: &'e [Entry], hint: Option<Hint>,
+) -> Result<Vec<&'e Entry>> {
     let by_name: HashMap<&str, &Entry> = entries.iter().map(|e| (e.name.as_str(), e)).collect();
     let mut matched = Vec::with_capacity(header.tensors.len());
     let mut problems = Vec::new();
     let mut n = 0;
     for t in &header.tensors {
-        let problem = match by_name.get(t.name.as_str()) {
+        let found = by_name.get(t.name.as_str()).copied();
+        let mut problem = match found {
             None => format!("{:?}: no such tensor in this file", t.name),
             Some(e) if e.dtype != t.dtype || e.shape != t.shape => format!(
                 "{:?}: expected {}{:?}, found {}{:?}",
                 t.name, e.dtype, e.shape, t.dtype, t.shape
             ),
             Some(e) => {
-                matched.push(*e);
+                matched.push(e);
                 continue;
             }
         };
+        if let Some(more) = hint.and_then(|h| h(t, found)) {
+            problem.push_str(&format!(" ({more})"));
+        }
         n += 1;
         // Only those shown are spelled out: a header of many strangers must not make a
         // message as large as itself.
@@ -103,10 +115,10 @@ pub fn match_entries<'e>(header: &Header, entries: &'e [Entry]) -> Result<Vec<&'
 /// The writes that make `update` (a whole safetensors file) the new content of the tensors
 /// it names, among `entries`, and what it changes.
 pub fn plan<'a>(
-    model: &Model, entries: &[Entry], update: Source<'a>,
+    model: &Model, entries: &[Entry], update: Source<'a>, hint: Option<Hint>,
 ) -> Result<(Plan<'a>, Summary)> {
     let header = read_header(update, &HeaderBound::of(entries))?;
-    let planned = plan_header(model, entries, &header, update);
+    let planned = plan_header(model, entries, &header, update, hint);
     let header_len = header.data_start;
     drop(header);
     give_back_memory(header_len);
@@ -115,9 +127,9 @@ pub fn plan<'a>(
 
 /// `plan` for an update whose header was read already.
 pub fn plan_header<'a>(
-    model: &Model, entries: &[Entry], header: &Header, update: Source<'a>,
+    model: &Model, entries: &[Entry], header: &Header, update: Source<'a>, hint: Option<Hint>,
 ) -> Result<(Plan<'a>, Summary)> {
-    let matched = match_entries(header, entries)?;
+    let matched = match_entries(header, entries, hint)?;
     let mut summary = Summary::default();
     let mut writes = Vec::new();
     let mut buf = Vec::new();

@@ -11,6 +11,8 @@ use super::plan::{Change, Owner, Plan};
 use crate::catalog::Catalog;
 use crate::content::{Bytes, Source, Write};
 use crate::error::{Error, Result};
+use crate::format::safetensors::{Entry, TensorInfo};
+use crate::format::target::WeightsView;
 
 fn exact_size(location: Location, what: &str, data: Source) -> Result<()> {
     let need = location.range.len();
@@ -150,8 +152,10 @@ pub fn plan<'a>(catalog: &Catalog, target: &WriteTarget, data: Source<'a>) -> Re
             let bytes = check_npy(want, data)?;
             Ok(in_place(*location, bytes, *of))
         }
-        WriteTarget::Weights { file } => {
-            super::bulk::plan(model, &catalog.weights(*file).entries, data).map(|(p, _)| p)
+        WriteTarget::Weights { view } => {
+            let hint = |t: &TensorInfo, mine: Option<&Entry>| weights_hint(catalog, *view, t, mine);
+            super::bulk::plan(model, &catalog.weights(*view).entries, data, Some(&hint))
+                .map(|(p, _)| p)
         }
         WriteTarget::PayloadConstantF32 {
             plan,
@@ -239,6 +243,45 @@ pub fn plan<'a>(catalog: &Catalog, target: &WriteTarget, data: Source<'a>) -> Re
                 }
             };
             Ok(Plan::Relayout { file: 0, change })
+        }
+    }
+}
+
+/// Where a tensor that does not fit the `weights.safetensors` of `view` belongs instead: a
+/// data file's own view lists only its tensors, as raw bytes where no layout of its own
+/// types them, while the root's lists every file's, typed by the payloads that read them.
+fn weights_hint(
+    catalog: &Catalog, view: WeightsView, t: &TensorInfo, mine: Option<&Entry>,
+) -> Option<String> {
+    match view {
+        WeightsView::File(_) => {
+            let root = &catalog.weights(WeightsView::Root).entries;
+            let e = root.iter().find(|e| e.name == t.name)?;
+            Some(format!(
+                "the root weights.safetensors of the mount takes it, as {}{:?}",
+                e.dtype, e.shape
+            ))
+        }
+        WeightsView::Root => {
+            let e = mine?;
+            let (file, len) = (e.location.file, e.location.range.len());
+            let raw_upload = t.dtype == "U8" && t.shape == [len];
+            if file > 0 && raw_upload {
+                return Some(format!(
+                    "{}weights.safetensors takes it as raw bytes, U8[{len}]",
+                    catalog.names.file_prefix(file),
+                ));
+            }
+            // A data file mounted alone cannot know how a program reads its blobs.
+            let alone = matches!(catalog.model.files[0].kind, Kind::Ptd(_));
+            let raw_here = e.dtype == "U8" && e.shape == [len];
+            let same_size = t.end.checked_sub(t.begin) == Some(len);
+            (alone && raw_here && same_size).then(|| {
+                format!(
+                    "a data file mounted alone shows its blobs as raw bytes; write it as U8[{len}], or mount the program that reads it with --data to write it as {}{:?}",
+                    t.dtype, t.shape
+                )
+            })
         }
     }
 }

@@ -50,10 +50,9 @@ pub enum WriteTarget {
         what: Arc<str>,
         of: Option<TensorId>,
     },
-    /// `weights.safetensors` of model file `file`: a safetensors file naming any subset of
-    /// its tensors (the catalog's listing), each with the same dtype and shape, all written
-    /// in one commit.
-    Weights { file: FileIndex },
+    /// A `weights.safetensors`: a safetensors file naming any subset of its tensors (the
+    /// catalog's listing), each with the same dtype and shape, all written in one commit.
+    Weights { view: WeightsView },
     /// Its float32 view (`.f32.npy`): re-quantized into the constant's bytes and scales,
     /// which change together. The value is found again in the payload at commit.
     PayloadConstantF32 {
@@ -62,6 +61,17 @@ pub enum WriteTarget {
         /// The value's id.
         value: u32,
     },
+}
+
+/// Which tensors a `weights.safetensors` shows (docs/tree.md#weightssafetensors).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WeightsView {
+    /// The mount's root: every file's tensors (the program's and every attached data
+    /// file's), blobs typed by the decoded payloads that read them.
+    Root,
+    /// One attached data file, shown exactly as a mount of that file alone shows it: blobs
+    /// by their own tensor layout, else raw bytes.
+    File(FileIndex),
 }
 
 /// The largest size a named blob, a delegate payload or a scratch file can be given.
@@ -135,7 +145,13 @@ impl WriteTarget {
                 vec![0]
             }
             // Its tensors are the ones whose bytes are in that file.
-            WriteTarget::Weights { file, .. } => vec![*file],
+            WriteTarget::Weights {
+                view: WeightsView::File(file),
+            } => vec![*file],
+            // Every file's tensors are in it: the caller, who knows the files, lists them.
+            WriteTarget::Weights {
+                view: WeightsView::Root,
+            } => Vec::new(),
         }
     }
 }

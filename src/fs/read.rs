@@ -130,18 +130,26 @@ fn backing_span(tree: &Tree, ino: Ino, offset: u64, size: u32) -> Option<(usize,
     match &node.content {
         Content::Range(l) => Some(range(l, 0)),
         Content::Npy { header, location } => Some(range(location, header.len() as u64)),
-        // The tensors of a `weights.safetensors` follow each other in one file, in file order.
-        Content::Weights { file } => {
-            let w = tree.weights(*file);
+        // The tensors of a `weights.safetensors` follow each other in file order, file by
+        // file: what follows a read is in the file its first range is in.
+        Content::Weights { view } => {
+            let w = tree.weights(*view);
             let pieces = w.pieces(offset, size);
             let mut ranges = pieces.iter().filter_map(|p| match p {
                 Piece::Range(l) => Some(*l),
                 Piece::Header(_) => None,
             });
             let first = ranges.next()?;
-            let last = ranges.next_back().unwrap_or(first);
-            // Sorted by file offset: the last tensor ends the bytes the file shows.
-            let limit = w.entries.last()?.location.range.end();
+            let last = ranges.rfind(|l| l.file == first.file).unwrap_or(first);
+            // Sorted by offset within a file: its last tensor ends the bytes it shows.
+            let limit = w
+                .entries
+                .iter()
+                .rev()
+                .find(|e| e.location.file == first.file)?
+                .location
+                .range
+                .end();
             Some((first.file, first.range.start(), last.range.end(), limit))
         }
         _ => None,
@@ -280,8 +288,8 @@ pub fn read(tree: Arc<Tree>, ino: Ino, offset: u64, size: u32) -> Result<ReadDat
             }
             Part::Owned(bytes)
         }
-        Content::Weights { file } => {
-            let w = tree.weights(*file);
+        Content::Weights { view } => {
+            let w = tree.weights(*view);
             let pieces = w.pieces(offset, size);
             // The tensors follow each other in file order: the last one ends the bytes
             // the file shows.
@@ -366,7 +374,7 @@ pub fn read_for_copy(tree: Arc<Tree>, ino: Ino, offset: u64, size: u32) -> Resul
     let pieces = match &node.content {
         Content::Range(l) => pieces_of(l, &[], offset, size),
         Content::Npy { header, location } => pieces_of(location, header, offset, size),
-        Content::Weights { file } => tree.weights(*file).pieces(offset, size),
+        Content::Weights { view } => tree.weights(*view).pieces(offset, size),
         _ => return read(tree.clone(), ino, offset, size),
     };
     let mut out = Vec::with_capacity(size as usize);

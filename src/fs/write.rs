@@ -109,7 +109,7 @@ impl Fs {
         let target = self.write_target(tree, ino)?;
         let path = tree.path(ino);
         let (limit, why) = match target {
-            WriteTarget::Weights { file } => tree.weights(*file).update_limit(&path),
+            WriteTarget::Weights { view } => tree.weights(*view).update_limit(&path),
             _ => target.size_limit(&path, tree.size(ino)),
         };
         Ok(Staged::new(limit, why, self.spill.clone()))

@@ -10,6 +10,7 @@ use crate::catalog::{Catalog, Decoded, Payloads};
 use crate::error::{Error, Result};
 use crate::format::layout::{FileIndex, Location, TensorData, TensorShape};
 use crate::format::sharing::TensorId;
+use crate::format::target::WeightsView;
 use crate::format::{npy, scalar_type, Kind, Model, WriteTarget};
 
 /// The most nodes a tree may have unless the user allows more (`--max-nodes`): about 1.5
@@ -207,14 +208,14 @@ fn add_segments(
     }
 }
 
-/// `weights.safetensors` of file `file`, at `dir` (docs/tree.md#weightssafetensors).
-fn add_weights(b: &mut Builder, dir: Ino, file: FileIndex) {
+/// `weights.safetensors` showing `view`, at `dir` (docs/tree.md#weightssafetensors).
+fn add_weights(b: &mut Builder, dir: Ino, view: WeightsView) {
     let ino = b.push(
         dir,
         "weights.safetensors".to_string(),
-        Content::Weights { file },
+        Content::Weights { view },
     );
-    b.node_mut(ino).write = Some(WriteTarget::Weights { file });
+    b.node_mut(ino).write = Some(WriteTarget::Weights { view });
 }
 
 fn add_ptd(b: &mut Builder, model: &Model, names: &Names, root: Ino, file: FileIndex) {
@@ -250,7 +251,14 @@ fn add_ptd(b: &mut Builder, model: &Model, names: &Names, root: Ino, file: FileI
         }
     }
     add_segments(b, root, file, &ptd.segments);
-    add_weights(b, root, file);
+    // A data file attached to a program shows exactly what a mount of it alone shows; the
+    // program's root shows every file.
+    let view = if file == 0 {
+        WeightsView::Root
+    } else {
+        WeightsView::File(file)
+    };
+    add_weights(b, root, view);
 }
 
 /// `plans/<name>/values/`: every value's `.json`, and the `.bin` and `.npy` of tensors whose
@@ -443,7 +451,7 @@ fn add_pte(
         }
     }
     add_segments(b, root, 0, &pte.segments);
-    add_weights(b, root, 0);
+    add_weights(b, root, WeightsView::Root);
     if model.files.len() > 1 {
         let data = b.dir(root, "data");
         for (k, name) in names.data.iter().enumerate() {

@@ -17,6 +17,7 @@ use std::sync::{Arc, OnceLock};
 use crate::backend::FloatView;
 use crate::catalog::{Catalog, WeightsFile};
 use crate::format::layout::{FileIndex, Location, TensorShape};
+use crate::format::target::WeightsView;
 use crate::format::{Model, WriteTarget};
 
 pub use build::{node_count, DEFAULT_MAX_NODES};
@@ -61,10 +62,10 @@ pub enum Content {
         header: Vec<u8>,
         view: Arc<FloatView>,
     },
-    /// `weights.safetensors` of a model file: a generated header, then ranges of the file
-    /// (the catalog lists them when first asked).
+    /// A `weights.safetensors`: a generated header, then ranges of the model files (the
+    /// catalog lists them when first asked).
     Weights {
-        file: FileIndex,
+        view: WeightsView,
     },
     /// Generated text; its bytes live in the tree's `TextCache`.
     Text {
@@ -154,18 +155,18 @@ impl Tree {
         match self.node(ino).map(|n| &n.content) {
             Some(Content::Range(l) | Content::Npy { location: l, .. }) => vec![*l],
             Some(Content::FloatView { view, .. }) => view.sources().collect(),
-            Some(Content::Weights { file }) => self
+            Some(Content::Weights { view }) => self
                 .catalog
-                .weights_if_listed(*file)
+                .weights_if_listed(*view)
                 .map(|w| w.entries.iter().map(|e| e.location).collect())
                 .unwrap_or_default(),
             _ => Vec::new(),
         }
     }
 
-    /// The `weights.safetensors` of model file `file`, listed on the first call.
-    pub fn weights(&self, file: FileIndex) -> &WeightsFile {
-        self.catalog.weights(file)
+    /// The `weights.safetensors` `view` shows, listed on the first call.
+    pub fn weights(&self, view: WeightsView) -> &WeightsFile {
+        self.catalog.weights(view)
     }
 
     /// The model file whose tree `ino` is in: an attached file's nodes are under
@@ -207,8 +208,12 @@ impl Tree {
             return Vec::new();
         };
         let mut files: Vec<FileIndex> = self.reads(ino).iter().map(|l| l.file).collect();
-        if let Some(target) = &node.write {
-            files.extend(target.files());
+        match &node.write {
+            Some(WriteTarget::Weights {
+                view: WeightsView::Root,
+            }) => files.extend(0..self.model.files.len()),
+            Some(target) => files.extend(target.files()),
+            None => {}
         }
         dedup(files)
     }
@@ -475,7 +480,7 @@ impl Tree {
             Some(Content::FloatView { header, view }) => {
                 header.len() as u64 + view.layout.numel() * 4
             }
-            Some(Content::Weights { file }) => self.weights(*file).len,
+            Some(Content::Weights { view }) => self.weights(*view).len,
             Some(Content::Text { kind, len }) => {
                 let known = len.load(Ordering::Relaxed);
                 if known != UNKNOWN_LEN {

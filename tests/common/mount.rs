@@ -174,6 +174,14 @@ pub fn py_errno(script: &str, args: &[&str]) -> String {
     stdout.trim().to_string()
 }
 
+/// One extended attribute read with `getfattr`, as a user does; "" when the file has none.
+pub fn xattr(path: &Path, name: &str) -> String {
+    let out = run(Command::new("getfattr")
+        .args(["--only-values", "-n", name])
+        .arg(path));
+    text(&out.stdout)
+}
+
 pub fn tool(cmd: &mut Command) -> Vec<u8> {
     let out = run(cmd);
     assert!(
