@@ -47,6 +47,11 @@ pub trait ByteSource: Send + Sync {
     fn poisoned(&self) -> bool {
         false
     }
+
+    /// Says that `range` was read and will not be read again soon, so that the memory it
+    /// holds in this process can be given back (a scan of a whole model keeps its resident
+    /// memory to what it reads at a time). Later reads still return the same bytes.
+    fn release(&self, _range: Range<u64>) {}
 }
 
 /// `range` of `bytes`, or the error a source gives for a range it does not hold.
