@@ -13,7 +13,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
-use ptefs::commands::{self, apply, ApplyRequest, MountRequest};
+use ptefs::commands::{self, apply, ApplyRequest, DiffRequest, MountRequest};
 use ptefs::tree::DEFAULT_MAX_NODES;
 
 /// Help of `--max-nodes`.
@@ -194,6 +194,27 @@ enum Command {
         #[command(flatten)]
         remote: RemoteArgs,
     },
+    /// Compare two models (.pte with their .ptd files, or .ptd), or a model and a safetensors
+    /// checkpoint, tensor by tensor: identical or changed (bytes that differ, max and mean
+    /// absolute difference, cosine similarity and NMSE of the dequantized values), dtype,
+    /// shape or scheme changed, only in A, only in B; then methods, operators, delegates and
+    /// segment layout. Exit status 0 identical, 1 different, 2 trouble.
+    Diff {
+        a: PathBuf,
+        b: PathBuf,
+        /// Attach a .ptd to A (repeatable).
+        #[arg(long = "data-a", value_name = "PTD")]
+        data_a: Vec<PathBuf>,
+        /// Attach a .ptd to B (repeatable).
+        #[arg(long = "data-b", value_name = "PTD")]
+        data_b: Vec<PathBuf>,
+        /// Pair tensors by the names of a map made by `ptefs names`.
+        #[arg(long, value_name = "MAP|CHECKPOINT")]
+        names: Option<PathBuf>,
+        /// Print the report as JSON (docs/commands.md#diff---json).
+        #[arg(long)]
+        json: bool,
+    },
     /// Finish or discard the commit a crash interrupted, without FUSE: a whole journal is
     /// replayed, a torn one discarded (saying why), any other refused and left in place.
     /// Refused while the file is mounted.
@@ -369,6 +390,34 @@ fn run(command: Command) -> ExitCode {
                     file.display(),
                     report.defects.len()
                 ))
+            }
+        }
+        Command::Diff {
+            a,
+            b,
+            data_a,
+            data_b,
+            names,
+            json,
+        } => {
+            let req = DiffRequest {
+                compare: ptefs::compare::Request {
+                    a,
+                    b,
+                    data_a,
+                    data_b,
+                },
+                names,
+                json,
+            };
+            match commands::diff(&req, &mut out) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::from(1),
+                Err(e) => {
+                    let _ = out.flush();
+                    eprintln!("ptefs: {e}");
+                    ExitCode::from(2)
+                }
             }
         }
         Command::Recover { file, data } => exit_code(commands::recover(&file, &data, &mut out)),

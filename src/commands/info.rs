@@ -38,20 +38,7 @@ pub const ROWS_SHOWN: usize = 12;
 /// Backend ids named per plan.
 const BACKENDS_SHOWN: usize = 4;
 
-pub fn human(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {} ({n} B)", UNITS[u])
-    }
-}
+pub use crate::sizes::human;
 
 /// Where an item's bytes are, so that bytes several items share count once.
 #[derive(PartialEq, Eq, Hash)]
