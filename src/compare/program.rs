@@ -162,7 +162,9 @@ fn plan_facts(
 pub enum PayloadCmp {
     /// Both located, same size: how many bytes differ (0: identical).
     Bytes(u64),
-    /// Sizes differ, or one is not located.
+    /// Neither is located (the layout could not place either payload).
+    NotLocated,
+    /// Sizes differ, or only one is located.
     Unlike,
 }
 
@@ -179,7 +181,9 @@ impl DelegateDiff {
     pub fn same(&self) -> bool {
         match (&self.a, &self.b) {
             (Some(a), Some(b)) => {
-                a.id == b.id && a.inline == b.inline && self.payload == PayloadCmp::Bytes(0)
+                a.id == b.id
+                    && a.inline == b.inline
+                    && matches!(self.payload, PayloadCmp::Bytes(0) | PayloadCmp::NotLocated)
             }
             _ => false,
         }
@@ -291,6 +295,7 @@ pub fn compare(sa: &Side, sb: &Side) -> crate::error::Result<Option<ProgramDiff>
                 (Some(x), Some(y)) if x.range.len() == y.range.len() => {
                     PayloadCmp::Bytes(measure::count_differing(sa, &x, sb, &y)?)
                 }
+                (None, None) => PayloadCmp::NotLocated,
                 _ => PayloadCmp::Unlike,
             };
             delegates.push(DelegateDiff {

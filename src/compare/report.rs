@@ -552,7 +552,7 @@ fn program_json(p: &ProgramDiff) -> Value {
                 "b": d.b.as_ref().map(delegate_json),
                 "payload_bytes_differ": match d.payload {
                     PayloadCmp::Bytes(n) => Some(n),
-                    PayloadCmp::Unlike => None,
+                    PayloadCmp::NotLocated | PayloadCmp::Unlike => None,
                 },
             })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
