@@ -165,6 +165,14 @@ enum Command {
         file: PathBuf,
         #[arg(long = "data", value_name = "PTD")]
         data: Vec<PathBuf>,
+        /// Where the bytes go: by class, file and segment, delegate, dtype and scheme; the
+        /// largest tensors, bytes stored more than once, what the program reads of its
+        /// data files.
+        #[arg(long)]
+        sizes: bool,
+        /// Print JSON (docs/commands.md#info---json).
+        #[arg(long)]
+        json: bool,
         #[arg(long, value_name = "N", help = MAX_NODES_HELP, default_value_t = DEFAULT_MAX_NODES, hide_default_value = true)]
         max_nodes: u64,
         #[command(flatten)]
@@ -189,6 +197,10 @@ enum Command {
         file: PathBuf,
         #[arg(long = "data", value_name = "PTD")]
         data: Vec<PathBuf>,
+        /// Print JSON: every defect with its kind, file and tree path
+        /// (docs/commands.md#check---json); the exit status is the same.
+        #[arg(long)]
+        json: bool,
         #[arg(long, value_name = "N", help = MAX_NODES_HELP, default_value_t = DEFAULT_MAX_NODES, hide_default_value = true)]
         max_nodes: u64,
         #[command(flatten)]
@@ -342,11 +354,14 @@ fn run(command: Command) -> ExitCode {
         Command::Info {
             file,
             data,
+            sizes,
+            json,
             max_nodes,
             ..
         } => exit_code(
-            commands::open_fs_limited(&file, &data, max_nodes)
-                .and_then(|fs| commands::info(&fs, &mut out)),
+            commands::open_fs_limited(&file, &data, max_nodes).and_then(|fs| {
+                commands::info::info_as(&fs, commands::info::InfoFormat { sizes, json }, &mut out)
+            }),
         ),
         Command::Apply {
             file,
@@ -365,11 +380,28 @@ fn run(command: Command) -> ExitCode {
         Command::Check {
             file,
             data,
+            json,
             max_nodes,
             ..
         } => {
             let report = commands::check_report(&file, &data, max_nodes);
-            for line in report.defects.iter().chain(&report.advice) {
+            if json {
+                let text = serde_json::to_string_pretty(&report.json(&file))
+                    .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+                let _ = writeln!(out, "{text}");
+                let _ = out.flush();
+                return if report.defects.is_empty() {
+                    ExitCode::SUCCESS
+                } else {
+                    fail(format!(
+                        "{}: {} defect(s)",
+                        file.display(),
+                        report.defects.len()
+                    ))
+                };
+            }
+            let lines = report.defects.iter().map(|d| &d.message);
+            for line in lines.chain(&report.advice) {
                 let _ = writeln!(out, "{line}");
             }
             // A URL is shown without its secrets.
