@@ -537,36 +537,40 @@ fn duplicates(model: &Model, tensors: &[Tensor]) -> Result<Vec<Duplicate>> {
             }
         }
     }
-    let read = |l: &Location| model.files[l.file].read_at(l);
-    // Ranges of equal length, then of equal samples, then of equal hashes.
+    // Only ranges of equal length can hold equal bytes.
     let mut by_len: HashMap<u64, Vec<usize>> = HashMap::new();
     for (i, (l, _)) in ranges.iter().enumerate() {
         by_len.entry(l.range.len()).or_default().push(i);
+    }
+    by_len.retain(|_, g| g.len() > 1);
+    // A sample of each of those (its first, middle and last bytes), read in file order so
+    // that the scan gives back the pages it touched as it moves on.
+    let mut order: Vec<usize> = by_len.values().flatten().copied().collect();
+    order.sort_by_key(|&i| (ranges[i].0.file, ranges[i].0.range.start()));
+    let mut samples: Vec<Vec<u8>> = vec![Vec::new(); ranges.len()];
+    for i in order {
+        let l = ranges[i].0;
+        let len = l.range.len();
+        let file = &model.files[l.file];
+        let sample = &mut samples[i];
+        for at in [
+            0,
+            len.saturating_sub(SAMPLE) / 2,
+            len.saturating_sub(SAMPLE),
+        ] {
+            let w = l.range.slice_from(at, SAMPLE);
+            sample.extend_from_slice(&file.read(w)?);
+            file.release(w);
+        }
     }
     let mut out = Vec::new();
     let mut lens: Vec<u64> = by_len.keys().copied().collect();
     lens.sort_unstable();
     for len in lens {
         let group = &by_len[&len];
-        if group.len() < 2 {
-            continue;
-        }
-        let mut by_sample: HashMap<Vec<u8>, Vec<usize>> = HashMap::new();
+        let mut by_sample: HashMap<&[u8], Vec<usize>> = HashMap::new();
         for &i in group {
-            let l = ranges[i].0;
-            let mut sample = Vec::with_capacity(3 * SAMPLE as usize);
-            for at in [
-                0,
-                len.saturating_sub(SAMPLE) / 2,
-                len.saturating_sub(SAMPLE),
-            ] {
-                let w = Location {
-                    file: l.file,
-                    range: l.range.slice_from(at, SAMPLE),
-                };
-                sample.extend_from_slice(&read(&w)?);
-            }
-            by_sample.entry(sample).or_default().push(i);
+            by_sample.entry(&samples[i]).or_default().push(i);
         }
         let mut candidates: Vec<Vec<usize>> =
             by_sample.into_values().filter(|g| g.len() > 1).collect();
