@@ -133,8 +133,9 @@ impl Sizes {
                 if d.decoded {
                     let _ = write!(
                         line,
-                        ", {} constants: {} in the payload, {} of named data",
+                        ", {} constant{}: {} in the payload, {} of named data",
                         d.constants,
+                        if d.constants == 1 { "" } else { "s" },
                         human(d.inline_weights),
                         human(d.named_bytes)
                     );
