@@ -338,3 +338,44 @@ fn check_json_names_each_defect_with_its_kind_and_place() {
     );
     assert!(v["advice"][0].as_str().unwrap().contains("--data"));
 }
+
+/// Through a real mount: `sizes.txt` is what `info --sizes` prints; an in-place write keeps
+/// the snapshot and so its accounting (content and size agree), and the next mount shows
+/// what the write changed.
+#[test]
+fn a_mount_serves_the_accounting_of_its_snapshot() {
+    if common::fuse_missing() {
+        return;
+    }
+    let c = copy_fixture("llama_8da4w.pte");
+    let mut m = common::mount::Mount::unmounted(c.dir, c.model, c.data, &[]);
+    m.mount();
+    let sizes = m.path("sizes.txt");
+    let before = std::fs::read_to_string(&sizes).unwrap();
+    let (_, printed, _) = ptefs(&["info", "--sizes"], &m.model, &m.data);
+    assert_eq!(before, printed);
+    assert!(
+        before.contains("stored more than once: nothing"),
+        "{before}"
+    );
+    let json: Value =
+        serde_json::from_slice(&std::fs::read(m.path("sizes.json")).unwrap()).unwrap();
+    assert_eq!(
+        json["total"],
+        json["files"][0]["size"].as_u64().unwrap() + json["files"][1]["size"].as_u64().unwrap()
+    );
+
+    let nd = "data/llama_8da4w/named_data";
+    let cos = std::fs::read(m.path(&format!("{nd}/rope.freqs_cos.bin"))).unwrap();
+    std::fs::write(m.path(&format!("{nd}/rope.freqs_sin.bin")), &cos).unwrap();
+    let after = std::fs::read_to_string(&sizes).unwrap();
+    assert_eq!(after, before);
+    assert_eq!(std::fs::metadata(&sizes).unwrap().len(), after.len() as u64);
+
+    m.remount();
+    let remounted = std::fs::read_to_string(&sizes).unwrap();
+    assert!(
+        remounted.contains("stored more than once: 1 contents in 2 copies"),
+        "{remounted}"
+    );
+}
