@@ -151,8 +151,8 @@ impl Side {
         }
     }
 
-    /// Whether the bytes of file `file` changed size under their mapping since it was
-    /// opened (another process truncated it): then nothing read from it can be trusted.
+    /// Whether a file of the side shrank under its mapping since it was opened (another
+    /// process truncated it): then nothing read from it can be trusted.
     pub fn poisoned(&self) -> bool {
         match &self.input {
             Input::Model(c) => c.model.files.iter().any(ModelFile::poisoned),
