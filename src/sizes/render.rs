@@ -194,7 +194,9 @@ impl Sizes {
                 let _ = writeln!(s, "  {} {}: {}", t.path, t.describe, human(t.nbytes));
             }
         }
-        if self.duplicates.is_empty() {
+        if !self.duplicates_looked_for {
+            s.push_str("stored more than once: not looked for (the bytes of a remote file are fetched only when read)\n");
+        } else if self.duplicates.is_empty() {
             s.push_str("stored more than once: nothing\n");
         } else {
             let _ = writeln!(
@@ -288,6 +290,7 @@ impl Sizes {
                 "nbytes": t.nbytes,
             })).collect::<Vec<_>>(),
             "duplicates": {
+                "looked_for": self.duplicates_looked_for,
                 "bytes_beyond_one_copy": self.duplicate_bytes(),
                 "groups": self.duplicates.iter().map(|d| json!({
                     "nbytes": d.nbytes,
