@@ -15,9 +15,9 @@
 //!   of every range of equal length, then hashing (SHA-256) only the ranges whose samples
 //!   agree.
 //! - The accounting reads only located ranges of the files at hand, in bounded windows whose
-//!   memory is given back (`ModelFile::release`), and only when every file is local (a
+//!   memory is given back (`ModelFile::release`), and only when no file is remote (a
 //!   remote model's bytes are fetched only when read); everything else comes from the
-//!   tables.
+//!   tables. What is shown depends on the files' contents, and on whether one is remote.
 
 pub mod render;
 
@@ -193,9 +193,8 @@ pub struct Sizes {
     pub tensors: usize,
     /// Equal bytes stored more than once, most bytes wasted first.
     pub duplicates: Vec<Duplicate>,
-    /// Whether they were looked for: only when every file's bytes are local (a mapping).
-    /// The bytes of a remote file are fetched only when something reads them, and
-    /// sampling every tensor would fetch a block of each.
+    /// Whether they were looked for: not when a file is remote. Its bytes are fetched only
+    /// when something reads them, and sampling every tensor would fetch a block of each.
     pub duplicates_looked_for: bool,
     /// One per data file attached to a program.
     pub data_use: Vec<DataUse>,
@@ -213,7 +212,7 @@ impl Sizes {
     pub fn of(catalog: &Catalog) -> Result<Sizes> {
         let model = &*catalog.model;
         let tensors = tensors::of(catalog);
-        let local = model.files.iter().all(|f| f.mapped().is_some());
+        let local = !model.files.iter().any(|f| f.fetched_on_demand());
         let files = file_sizes(model, &catalog.names, &tensors);
         let mut total = ByClass::default();
         for f in &files {
