@@ -272,3 +272,64 @@ impl Mapped {
         };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    /// Resident KiB of the mapping that holds `addr`, from /proc/self/smaps.
+    fn resident_kib(addr: usize) -> Option<u64> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let mut inside = false;
+        for line in smaps.lines() {
+            let first = line.split_whitespace().next().unwrap_or("");
+            if let Some((a, b)) = first.split_once('-') {
+                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                {
+                    inside = (a..b).contains(&addr);
+                    continue;
+                }
+            }
+            if inside {
+                if let Some(kib) = line.strip_prefix("Rss:") {
+                    return kib.trim().trim_end_matches("kB").trim().parse().ok();
+                }
+            }
+        }
+        None
+    }
+
+    /// A scan of many small ranges, each released after it was read, keeps a bounded part
+    /// of the file mapped, and every byte reads back the same.
+    #[test]
+    fn a_scan_that_releases_keeps_little_mapped() {
+        let len: usize = 40 << 20;
+        let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        file.write_all(&bytes).unwrap();
+        let local = LocalFile::open(file.path(), false).unwrap();
+        let source = local.map().unwrap();
+        let addr = source.mapped().unwrap().as_ptr() as usize;
+        let mut peak = 0;
+        // Ranges of 10,000 bytes: never page-aligned, each sharing pages with its neighbours.
+        for (n, start) in (0..len as u64).step_by(10_000).enumerate() {
+            let end = (start + 10_000).min(len as u64);
+            let got = source.read(start..end).unwrap();
+            assert_eq!(&*got, &bytes[start as usize..end as usize]);
+            source.release(start..end);
+            if n % 64 == 0 {
+                peak = peak.max(resident_kib(addr).unwrap());
+            }
+        }
+        // The batch and the reach back, with room for what a fault maps ahead.
+        let bound = (RELEASE_BATCH + FAULT_AROUND) / 1024 + 4096;
+        assert!(
+            peak <= bound,
+            "{peak} KiB mapped at once, expected at most {bound}"
+        );
+        // Read again after every release: the same bytes.
+        assert_eq!(&*source.read(0..len as u64).unwrap(), &bytes[..]);
+    }
+}
