@@ -35,8 +35,9 @@ Programs whose state changes between calls (mutable buffers) get no `runtime_che
 program is loaded, e.g. to register custom kernels) and `atol`.
 
 The tree list follows docs/tree.md: a mount of the .pte (with its .ptd files attached), or of
-the .ptd, including the `xnnpack/` and `vulkan/` directories of decoded delegates (2.7) and the
-`weights.safetensors` at the root of each model tree (2.8).
+the .ptd, including the `xnnpack/` and `vulkan/` directories of decoded delegates (2.7), the
+`weights.safetensors` at the root of each model tree (2.8), and `sizes.txt` and `sizes.json`
+at the root of the mount.
 
 Usage (with the ExecuTorch virtualenv's python):
 
@@ -237,6 +238,8 @@ def ptd_tree(manifest, prefix=""):
     for i in range(len(manifest["segments"])):
         paths.append(f"{prefix}segments/{i}")
     paths.append(prefix + "weights.safetensors")
+    if not prefix:
+        paths += ["sizes.json", "sizes.txt"]
     return paths
 
 
@@ -971,6 +974,7 @@ def pte_tree(manifest, ptd_manifests):
             paths.extend(ptd_tree(m, prefix=f"data/{stem}/"))
             ptd_keys.update(nd["key"] for nd in m["named_data"])
     paths += ["header.json", "program.json", "named_data/", "weights.safetensors"]
+    paths += ["sizes.json", "sizes.txt"]
     # XNNPACK reads named data from the attached .ptd files and the .pte's own named data.
     xnn_keys = ptd_keys | {nd["key"] for nd in manifest["named_data"]}
     keys = dedupe([encode_name(nd["key"]) for nd in manifest["named_data"]])

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
-use ptefs::commands::{self, apply, ApplyRequest, MountRequest};
+use ptefs::commands::{self, apply, ApplyRequest, DiffRequest, MountRequest};
 use ptefs::tree::DEFAULT_MAX_NODES;
 
 /// Help of `--max-nodes`.
@@ -165,6 +165,14 @@ enum Command {
         file: PathBuf,
         #[arg(long = "data", value_name = "PTD")]
         data: Vec<PathBuf>,
+        /// Where the bytes go: by class, file and segment, delegate, dtype and scheme; the
+        /// largest tensors, bytes stored more than once, what the program reads of its
+        /// data files.
+        #[arg(long)]
+        sizes: bool,
+        /// Print JSON (docs/commands.md#info---json).
+        #[arg(long)]
+        json: bool,
         #[arg(long, value_name = "N", help = MAX_NODES_HELP, default_value_t = DEFAULT_MAX_NODES, hide_default_value = true)]
         max_nodes: u64,
         #[command(flatten)]
@@ -189,10 +197,35 @@ enum Command {
         file: PathBuf,
         #[arg(long = "data", value_name = "PTD")]
         data: Vec<PathBuf>,
+        /// Print JSON: every defect with its kind, file and tree path
+        /// (docs/commands.md#check---json); the exit status is the same.
+        #[arg(long)]
+        json: bool,
         #[arg(long, value_name = "N", help = MAX_NODES_HELP, default_value_t = DEFAULT_MAX_NODES, hide_default_value = true)]
         max_nodes: u64,
         #[command(flatten)]
         remote: RemoteArgs,
+    },
+    /// Compare two models (.pte with their .ptd files, or .ptd), or a model and a safetensors
+    /// checkpoint, tensor by tensor: identical or changed (bytes that differ, max and mean
+    /// absolute difference, cosine similarity and NMSE of the dequantized values), dtype,
+    /// shape or scheme changed, only in A, only in B; then methods, operators, delegates and
+    /// segment layout. Exit status 0 identical, 1 different, 2 trouble.
+    Diff {
+        a: PathBuf,
+        b: PathBuf,
+        /// Attach a .ptd to A (repeatable).
+        #[arg(long = "data-a", value_name = "PTD")]
+        data_a: Vec<PathBuf>,
+        /// Attach a .ptd to B (repeatable).
+        #[arg(long = "data-b", value_name = "PTD")]
+        data_b: Vec<PathBuf>,
+        /// Pair tensors by the names of a map made by `ptefs names`.
+        #[arg(long, value_name = "MAP|CHECKPOINT")]
+        names: Option<PathBuf>,
+        /// Print the report as JSON (docs/commands.md#diff---json).
+        #[arg(long)]
+        json: bool,
     },
     /// Finish or discard the commit a crash interrupted, without FUSE: a whole journal is
     /// replayed, a torn one discarded (saying why), any other refused and left in place.
@@ -321,11 +354,14 @@ fn run(command: Command) -> ExitCode {
         Command::Info {
             file,
             data,
+            sizes,
+            json,
             max_nodes,
             ..
         } => exit_code(
-            commands::open_fs_limited(&file, &data, max_nodes)
-                .and_then(|fs| commands::info(&fs, &mut out)),
+            commands::open_fs_limited(&file, &data, max_nodes).and_then(|fs| {
+                commands::info::info_as(&fs, commands::info::InfoFormat { sizes, json }, &mut out)
+            }),
         ),
         Command::Apply {
             file,
@@ -344,11 +380,28 @@ fn run(command: Command) -> ExitCode {
         Command::Check {
             file,
             data,
+            json,
             max_nodes,
             ..
         } => {
             let report = commands::check_report(&file, &data, max_nodes);
-            for line in report.defects.iter().chain(&report.advice) {
+            if json {
+                let text = serde_json::to_string_pretty(&report.json(&file))
+                    .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+                let _ = writeln!(out, "{text}");
+                let _ = out.flush();
+                return if report.defects.is_empty() {
+                    ExitCode::SUCCESS
+                } else {
+                    fail(format!(
+                        "{}: {} defect(s)",
+                        file.display(),
+                        report.defects.len()
+                    ))
+                };
+            }
+            let lines = report.defects.iter().map(|d| &d.message);
+            for line in lines.chain(&report.advice) {
                 let _ = writeln!(out, "{line}");
             }
             // A URL is shown without its secrets.
@@ -369,6 +422,34 @@ fn run(command: Command) -> ExitCode {
                     file.display(),
                     report.defects.len()
                 ))
+            }
+        }
+        Command::Diff {
+            a,
+            b,
+            data_a,
+            data_b,
+            names,
+            json,
+        } => {
+            let req = DiffRequest {
+                compare: ptefs::compare::Request {
+                    a,
+                    b,
+                    data_a,
+                    data_b,
+                },
+                names,
+                json,
+            };
+            match commands::diff(&req, &mut out) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::from(1),
+                Err(e) => {
+                    let _ = out.flush();
+                    eprintln!("ptefs: {e}");
+                    ExitCode::from(2)
+                }
             }
         }
         Command::Recover { file, data } => exit_code(commands::recover(&file, &data, &mut out)),

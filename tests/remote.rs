@@ -184,6 +184,30 @@ fn listing_fetches_headers_flatbuffers_and_payloads_never_tensors() {
             "{m}: listing fetched {fetched} bytes, headers, flatbuffers and payloads are {needed}: {:?}",
             n.log()
         );
+        // Where the bytes go (the size of sizes.txt, and info --sizes) comes from the tables:
+        // equal bytes are not looked for in a remote model.
+        for cmd in [&["ls", "", "-l"][..], &["info", "--sizes"][..]] {
+            n.clear_log();
+            let mut args = vec![cmd[0].to_string(), n.url(m)];
+            args.extend(cmd[1..].iter().map(|a| a.to_string()));
+            args.extend(data_args(data, |d| n.url(d)));
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let out = ok(ptefs(&args), m);
+            if cmd[0] == "info" {
+                assert!(
+                    out.contains("stored more than once: not looked for"),
+                    "{out}"
+                );
+            }
+            let fetched: u64 = std::iter::once(m)
+                .chain(data.iter())
+                .map(|f| n.served(f).1)
+                .sum();
+            assert!(
+                fetched <= needed + 4096 * files,
+                "{m}: {cmd:?} fetched {fetched} bytes, headers, flatbuffers and payloads are {needed}"
+            );
+        }
     }
 }
 

@@ -1143,7 +1143,7 @@ fn random_data(v: &XnnValue, n: usize, rng: &mut Rng) -> Vec<u8> {
 }
 
 fn half_bits(x: f32) -> u16 {
-    ptefs::backend::xnnpack::float16::f32_to_f16(x)
+    ptefs::backend::float16::f32_to_f16(x)
 }
 
 /// dequantize → requantize (fresh scales) → dequantize stays within half a new scale step,

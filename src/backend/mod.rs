@@ -21,7 +21,9 @@
 //!   stored scales.
 
 pub mod blob;
+pub mod float16;
 pub mod header;
+pub mod plain;
 pub mod view;
 pub mod vulkan;
 pub mod xnnpack;

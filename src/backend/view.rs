@@ -51,6 +51,10 @@ pub trait Dequantize: Send + Sync + fmt::Debug {
     fn data_nbytes(&self) -> u64;
     /// Bytes of scales the view reads (0 when it needs none).
     fn scale_nbytes(&self) -> u64;
+    /// How the stored values map to floats, in words (`"groups of 32, bf16 scales"`,
+    /// `"per channel, fp32 scales"`); None for float and plain integer types, which need no
+    /// scales.
+    fn scheme(&self) -> Option<String>;
     /// Dequantizes elements `first .. first + out.len()` (row-major) into `out`; `data` and
     /// `scales` hold at least `data_nbytes` and `scale_nbytes` bytes.
     fn dequantize(

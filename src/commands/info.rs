@@ -8,10 +8,15 @@
 //! never indexes a table of the file without checking the index, so a malformed file gets a
 //! summary, not a panic. Byte counts are of distinct byte ranges: bytes that several tensors
 //! or keys share are counted once.
+//!
+//! `--json` gives the same facts unabridged, as JSON (docs/commands.md#info---json), and
+//! `--sizes` where the bytes go (`crate::sizes`). Text and JSON come from the same counts.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 use std::io::Write;
+
+use serde_json::{json, Value};
 
 use crate::backend::{self, BACKENDS};
 use crate::error::Result;
@@ -22,6 +27,7 @@ use crate::format::pte::Pte;
 use crate::format::range::ByteRange;
 use crate::format::{scalar_type, Kind, Model};
 use crate::fs::Fs;
+use crate::sizes::Sizes;
 use crate::tree::render::{io_value, kernel_type_name, signature_dims};
 use crate::tree::Tree;
 
@@ -38,20 +44,7 @@ pub const ROWS_SHOWN: usize = 12;
 /// Backend ids named per plan.
 const BACKENDS_SHOWN: usize = 4;
 
-pub fn human(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {} ({n} B)", UNITS[u])
-    }
-}
+pub use crate::sizes::human;
 
 /// Where an item's bytes are, so that bytes several items share count once.
 #[derive(PartialEq, Eq, Hash)]
@@ -87,6 +80,16 @@ impl Table {
         }
     }
 
+    /// Every row, as `[{"label", "count", "bytes"}]`.
+    fn json(&self) -> Value {
+        Value::Array(
+            self.rows
+                .iter()
+                .map(|(label, (n, bytes))| json!({ "label": label, "count": n, "bytes": bytes }))
+                .collect(),
+        )
+    }
+
     fn write(&self, title: &str, s: &mut String) {
         if self.rows.is_empty() {
             return;
@@ -116,6 +119,38 @@ impl Table {
             );
         }
     }
+}
+
+/// What `ptefs info` prints.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InfoFormat {
+    /// Where the bytes go (`--sizes`) instead of the summary.
+    pub sizes: bool,
+    /// JSON instead of text.
+    pub json: bool,
+}
+
+/// `ptefs info` of the files of `fs`, in `format`.
+pub fn info_as(fs: &Fs, format: InfoFormat, out: &mut dyn Write) -> Result<()> {
+    let text = match (format.sizes, format.json) {
+        (false, false) => return info(fs, out),
+        (false, true) => json_text(&info_json(fs)),
+        (true, json) => {
+            let sizes = Sizes::of(&fs.tree().catalog)?;
+            if json {
+                sizes.json_text()
+            } else {
+                sizes.text()
+            }
+        }
+    };
+    out.write_all(text.as_bytes()).map_err(output)
+}
+
+fn json_text(v: &Value) -> String {
+    let mut s = serde_json::to_string_pretty(v).expect("JSON of plain values");
+    s.push('\n');
+    s
 }
 
 /// A one-screen summary of the files of `fs`.
@@ -180,6 +215,35 @@ fn pte_info(tree: &Tree, pte: &Pte, s: &mut String) {
     let _ = writeln!(s, "segments: {}", pte_segments(pte));
 }
 
+/// Tensors of plan `p`: all, constant, with initial state, external.
+fn tensor_kinds(model: &Model, p: usize) -> (u64, u64, u64, u64) {
+    let layout = model.pte_layout.as_ref().and_then(|l| l.plans.get(p));
+    let (mut n, mut consts, mut muts, mut ext) = (0, 0, 0, 0);
+    for t in layout.into_iter().flat_map(|l| l.tensors.iter().flatten()) {
+        n += 1;
+        match t.kind {
+            DataKind::Constant => consts += 1,
+            DataKind::Mutable => muts += 1,
+            DataKind::External => ext += 1,
+            DataKind::None => {}
+        }
+    }
+    (n, consts, muts, ext)
+}
+
+/// A method that only returns values the program holds (`get_max_seq_len` of an LLM
+/// export): its outputs are all it has to say.
+fn is_constant_method(plan: &pte_fb::ExecutionPlanT) -> bool {
+    let inputs = plan.inputs.as_deref().unwrap_or_default();
+    let outputs = plan.outputs.as_deref().unwrap_or_default();
+    crate::format::pte::instruction_count(plan) == 0
+        && inputs.is_empty()
+        && !outputs.is_empty()
+        && outputs
+            .iter()
+            .all(|&i| !matches!(io_value(plan, i), Ok(pte_fb::KernelTypesT::Tensor(_))))
+}
+
 /// Instructions in all chains of `plan`.
 fn plan_info(tree: &Tree, p: usize, plan: &pte_fb::ExecutionPlanT, s: &mut String) {
     let model = &*tree.model;
@@ -187,14 +251,7 @@ fn plan_info(tree: &Tree, p: usize, plan: &pte_fb::ExecutionPlanT, s: &mut Strin
     let instructions = crate::format::pte::instruction_count(plan);
     let inputs = plan.inputs.as_deref().unwrap_or_default();
     let outputs = plan.outputs.as_deref().unwrap_or_default();
-    // A method that only returns values the program holds (`get_max_seq_len` of an LLM
-    // export): its outputs are all it has to say.
-    let constant = instructions == 0
-        && inputs.is_empty()
-        && !outputs.is_empty()
-        && outputs
-            .iter()
-            .all(|&i| !matches!(io_value(plan, i), Ok(pte_fb::KernelTypesT::Tensor(_))));
+    let constant = is_constant_method(plan);
     if constant {
         let shown: Vec<String> = outputs
             .iter()
@@ -215,17 +272,7 @@ fn plan_info(tree: &Tree, p: usize, plan: &pte_fb::ExecutionPlanT, s: &mut Strin
         );
         return;
     }
-    let layout = model.pte_layout.as_ref().and_then(|l| l.plans.get(p));
-    let (mut n, mut consts, mut muts, mut ext) = (0, 0, 0, 0);
-    for t in layout.into_iter().flat_map(|l| l.tensors.iter().flatten()) {
-        n += 1;
-        match t.kind {
-            DataKind::Constant => consts += 1,
-            DataKind::Mutable => muts += 1,
-            DataKind::External => ext += 1,
-            DataKind::None => {}
-        }
-    }
+    let (n, consts, muts, ext) = tensor_kinds(model, p);
     let delegates = plan.delegates.as_deref().unwrap_or_default();
     let _ = writeln!(
         s,
@@ -311,12 +358,10 @@ fn delegate_summary(tree: &Tree, p: usize, delegates: &[pte_fb::BackendDelegateT
     parts.join(", ")
 }
 
-/// Tensors whose bytes are in the files, by dtype and where the bytes are; EXTERNAL tensors
-/// that no attached file holds are counted apart.
-fn tensor_table(model: &Model, s: &mut String) {
-    let Some(layout) = &model.pte_layout else {
-        return;
-    };
+/// Tensors whose bytes are in the files, by dtype and where the bytes are; and the EXTERNAL
+/// tensors that no attached file holds, with the bytes they need.
+fn tensor_counts(model: &Model) -> Option<(Table, u64, u64)> {
+    let layout = model.pte_layout.as_ref()?;
     let mut table = Table::default();
     let (mut missing, mut missing_bytes) = (0u64, 0u64);
     for t in layout.plans.iter().flat_map(|p| p.tensors.iter().flatten()) {
@@ -338,6 +383,15 @@ fn tensor_table(model: &Model, s: &mut String) {
             None => {}
         }
     }
+    Some((table, missing, missing_bytes))
+}
+
+/// Tensors whose bytes are in the files, by dtype and where the bytes are; EXTERNAL tensors
+/// that no attached file holds are counted apart.
+fn tensor_table(model: &Model, s: &mut String) {
+    let Some((table, missing, missing_bytes)) = tensor_counts(model) else {
+        return;
+    };
     table.write("tensor bytes by dtype (tensors, distinct bytes)", s);
     if missing > 0 {
         let _ = writeln!(
@@ -366,7 +420,7 @@ fn named_label(tree: &Tree, file: FileIndex, k: usize, key: &str, layout: Option
 }
 
 /// Named data of every file (the program's and each data file's), by what it holds.
-fn named_data_table(tree: &Tree, s: &mut String) {
+fn named_data_counts(tree: &Tree) -> Table {
     let model = &*tree.model;
     let mut table = Table::default();
     for (f, file) in model.files.iter().enumerate() {
@@ -391,16 +445,31 @@ fn named_data_table(tree: &Tree, s: &mut String) {
             }
         }
     }
-    let title = if model.files.len() > 1 {
+    table
+}
+
+fn named_data_table(tree: &Tree, s: &mut String) {
+    let title = if tree.model.files.len() > 1 {
         "named data by dtype (keys, distinct bytes), in the program and its data files"
     } else {
         "named data by dtype (keys, distinct bytes)"
     };
-    table.write(title, s);
+    named_data_counts(tree).write(title, s);
 }
 
-/// The constants of every decoded payload of `backend` by datatype, and their scale blobs.
-fn payload_table(tree: &Tree, backend: &dyn backend::Backend, s: &mut String) {
+/// The constants of the decoded payloads of one backend, by datatype.
+struct PayloadCounts {
+    table: Table,
+    /// Delegates of this backend, and how many decoded.
+    payloads: usize,
+    decoded: usize,
+    /// Constants whose bytes no attached file holds.
+    unresolved: u64,
+}
+
+/// The constants of every decoded payload of `backend` by datatype, and their scale blobs;
+/// None when no delegate is of this backend.
+fn payload_counts(tree: &Tree, backend: &dyn backend::Backend) -> Option<PayloadCounts> {
     let model = &*tree.model;
     let payloads = model
         .pte()
@@ -411,60 +480,73 @@ fn payload_table(tree: &Tree, backend: &dyn backend::Backend, s: &mut String) {
         .filter(|d| d.id.as_deref() == Some(backend.id()))
         .count();
     if payloads == 0 {
-        return;
+        return None;
     }
-    let name = backend.display_name();
-    let mut table = Table::default();
-    let mut unresolved = 0u64;
-    let mut decoded = 0;
+    let mut out = PayloadCounts {
+        table: Table::default(),
+        payloads,
+        decoded: 0,
+        unresolved: 0,
+    };
     let ours = tree
         .catalog
         .payloads
         .iter()
         .filter(|(_, d)| d.payload.backend().id() == backend.id());
     for (_, dec) in ours {
-        decoded += 1;
+        out.decoded += 1;
         // A key no attached file holds is listed apart, with the size the graph records.
         for (blob, at) in dec.placed_blobs(model) {
             if blob.inline {
                 continue;
             }
             match at {
-                Ok(l) => table.add(blob.label, Some(Bytes::At(l))),
+                Ok(l) => out.table.add(blob.label, Some(Bytes::At(l))),
                 Err(missing) => {
-                    unresolved += 1;
+                    out.unresolved += 1;
                     let bytes = missing.map(|(key, size)| Bytes::Missing { key, size });
-                    table.add(format!("{}, in no attached file", blob.label), bytes);
+                    out.table
+                        .add(format!("{}, in no attached file", blob.label), bytes);
                 }
             }
         }
     }
-    table.write(
+    Some(out)
+}
+
+/// The constants of every decoded payload of `backend` by datatype, and their scale blobs.
+fn payload_table(tree: &Tree, backend: &dyn backend::Backend, s: &mut String) {
+    let Some(c) = payload_counts(tree, backend) else {
+        return;
+    };
+    let name = backend.display_name();
+    c.table.write(
         &format!(
-            "{name} constants by datatype (values, distinct bytes), {decoded} of {payloads} payloads decoded"
+            "{name} constants by datatype (values, distinct bytes), {} of {} payloads decoded",
+            c.decoded, c.payloads
         ),
         s,
     );
-    if decoded < payloads {
+    if c.decoded < c.payloads {
         let _ = writeln!(
             s,
             "{name} payloads that do not decode: {} (ptefs check says why)",
-            payloads - decoded
+            c.payloads - c.decoded
         );
     }
-    if unresolved > 0 {
+    if c.unresolved > 0 {
         let _ = writeln!(
             s,
-            "{name} constants whose bytes no attached file holds: {unresolved} (attach the .ptd with --data)"
+            "{name} constants whose bytes no attached file holds: {} (attach the .ptd with --data)",
+            c.unresolved
         );
     }
 }
 
-/// `6, 6.5 KiB (6656 B): constants 1, 4 B; delegate payloads 5, 6.5 KiB (6652 B)`: the
-/// segments of a program by what the program keeps in them.
-fn pte_segments(pte: &Pte) -> String {
+/// The segments of a program by what the program keeps in them: (segments, bytes) by role.
+fn segment_roles(pte: &Pte) -> BTreeMap<&'static str, (u64, u64)> {
     let program = &pte.program;
-    let mut role: Vec<Option<&str>> = vec![None; pte.segments.len()];
+    let mut role: Vec<Option<&'static str>> = vec![None; pte.segments.len()];
     let mut mark = |index: i64, what: &'static str| {
         if let Some(r) = usize::try_from(index).ok().and_then(|i| role.get_mut(i)) {
             r.get_or_insert(what);
@@ -499,6 +581,13 @@ fn pte_segments(pte: &Pte) -> String {
         e.0 += 1;
         e.1 += range.len();
     }
+    by_role
+}
+
+/// `6, 6.5 KiB (6656 B): constants 1, 4 B; delegate payloads 5, 6.5 KiB (6652 B)`: the
+/// segments of a program by what the program keeps in them.
+fn pte_segments(pte: &Pte) -> String {
+    let by_role = segment_roles(pte);
     let parts: Vec<String> = by_role
         .iter()
         .map(|(what, (n, bytes))| format!("{what} {n}, {}", human(*bytes)))
@@ -516,23 +605,52 @@ fn pte_segments(pte: &Pte) -> String {
     }
 }
 
+/// What a `.ptd` holds: keys, of which tensors, their distinct bytes, segments.
+struct PtdCounts {
+    keys: usize,
+    tensors: usize,
+    bytes: u64,
+    segments: usize,
+}
+
+fn ptd_counts(model: &Model, file: FileIndex, ptd: &Ptd) -> PtdCounts {
+    let blobs = model.ptd_blobs[file].as_deref().unwrap_or_default();
+    let mut seen = HashSet::new();
+    PtdCounts {
+        keys: blobs.len(),
+        tensors: blobs.iter().filter(|b| b.tensor.is_some()).count(),
+        bytes: blobs
+            .iter()
+            .filter_map(|b| b.location.as_ref().ok())
+            .filter(|l| seen.insert(**l))
+            .map(|l| l.range.len())
+            .sum(),
+        segments: ptd.segments.len(),
+    }
+}
+
+impl PtdCounts {
+    fn json(&self) -> Value {
+        json!({
+            "keys": self.keys,
+            "tensors": self.tensors,
+            "blobs": self.keys - self.tensors,
+            "bytes": self.bytes,
+            "segments": self.segments,
+        })
+    }
+}
+
 /// `22 keys (6 tensors, 16 blobs) holding 108.8 KiB (111360 B), in 22 segments`.
 fn ptd_summary(model: &Model, file: FileIndex, ptd: &Ptd) -> String {
-    let blobs = model.ptd_blobs[file].as_deref().unwrap_or_default();
-    let tensors = blobs.iter().filter(|b| b.tensor.is_some()).count();
-    let mut seen = HashSet::new();
-    let bytes: u64 = blobs
-        .iter()
-        .filter_map(|b| b.location.as_ref().ok())
-        .filter(|l| seen.insert(**l))
-        .map(|l| l.range.len())
-        .sum();
+    let c = ptd_counts(model, file, ptd);
     format!(
-        "{} keys ({tensors} tensors, {} blobs) holding {}, in {} segments",
-        blobs.len(),
-        blobs.len() - tensors,
-        human(bytes),
-        ptd.segments.len()
+        "{} keys ({} tensors, {} blobs) holding {}, in {} segments",
+        c.keys,
+        c.tensors,
+        c.keys - c.tensors,
+        human(c.bytes),
+        c.segments
     )
 }
 
@@ -561,5 +679,169 @@ fn data_files(tree: &Tree, s: &mut String) {
     }
     if data.len() > DATA_FILES_SHOWN {
         let _ = writeln!(s, "  … {} more data files", data.len() - DATA_FILES_SHOWN);
+    }
+}
+
+/// The version of `info --json`'s layout.
+pub const JSON_VERSION: u64 = 1;
+
+/// `ptefs info --json`: the facts of the summary, unabridged (docs/commands.md#info---json).
+pub fn info_json(fs: &Fs) -> Value {
+    let tree = fs.tree();
+    let model = &*tree.model;
+    let main = &model.files[0];
+    let mut out = serde_json::Map::new();
+    out.insert("version".into(), json!(JSON_VERSION));
+    out.insert("path".into(), json!(main.path.display().to_string()));
+    out.insert("size".into(), json!(main.len()));
+    match &main.kind {
+        Kind::Pte(pte) => {
+            out.insert("kind".into(), json!("pte"));
+            out.insert(
+                "header".into(),
+                match pte.header.extended {
+                    Some(e) => json!({
+                        "extended": true,
+                        "length": e.length,
+                        "program_size": e.program_size,
+                        "segment_base_offset": e.segment_base_offset,
+                        "segment_data_size": e.segment_data_size,
+                    }),
+                    None => json!({ "extended": false }),
+                },
+            );
+            let plans = pte.program.execution_plan.as_deref().unwrap_or_default();
+            let plans: Vec<Value> = plans
+                .iter()
+                .enumerate()
+                .map(|(p, plan)| plan_json(&tree, p, plan))
+                .collect();
+            out.insert("plans".into(), Value::Array(plans));
+            let (table, missing, missing_bytes) =
+                tensor_counts(model).unwrap_or((Table::default(), 0, 0));
+            out.insert("tensor_bytes".into(), table.json());
+            out.insert(
+                "external_missing".into(),
+                json!({ "tensors": missing, "bytes": missing_bytes }),
+            );
+            out.insert("named_data".into(), named_data_counts(&tree).json());
+            let backends: Vec<Value> = BACKENDS
+                .iter()
+                .filter_map(|b| {
+                    let c = payload_counts(&tree, *b)?;
+                    Some(json!({
+                        "backend": b.display_name(),
+                        "id": b.id(),
+                        "payloads": c.payloads,
+                        "decoded": c.decoded,
+                        "constants": c.table.json(),
+                        "unresolved": c.unresolved,
+                    }))
+                })
+                .collect();
+            out.insert("backends".into(), Value::Array(backends));
+            let roles: Vec<Value> = segment_roles(pte)
+                .iter()
+                .map(|(role, (n, bytes))| json!({ "role": role, "segments": n, "bytes": bytes }))
+                .collect();
+            out.insert(
+                "segments".into(),
+                json!({
+                    "count": pte.segments.len(),
+                    "bytes": pte.segments.iter().map(ByteRange::len).sum::<u64>(),
+                    "by_role": roles,
+                }),
+            );
+        }
+        Kind::Ptd(ptd) => {
+            out.insert("kind".into(), json!("ptd"));
+            let h = &ptd.header;
+            out.insert(
+                "header".into(),
+                json!({
+                    "length": h.length,
+                    "flatbuffer_offset": h.flatbuffer_offset,
+                    "flatbuffer_size": h.flatbuffer_size,
+                    "segment_base_offset": h.segment_base_offset,
+                    "segment_data_size": h.segment_data_size,
+                }),
+            );
+            out.insert("holds".into(), ptd_counts(model, 0, ptd).json());
+            out.insert("named_data".into(), named_data_counts(&tree).json());
+        }
+    }
+    let data: Vec<Value> = model.files[1..]
+        .iter()
+        .enumerate()
+        .map(|(f, file)| {
+            let f = f + 1;
+            json!({
+                "path": file.path.display().to_string(),
+                "tree": tree.catalog.names.file_prefix(f),
+                "size": file.len(),
+                "holds": match &file.kind {
+                    Kind::Ptd(ptd) => ptd_counts(model, f, ptd).json(),
+                    Kind::Pte(_) => Value::Null,
+                },
+            })
+        })
+        .collect();
+    out.insert("data_files".into(), Value::Array(data));
+    Value::Object(out)
+}
+
+/// One plan of `info --json`.
+fn plan_json(tree: &Tree, p: usize, plan: &pte_fb::ExecutionPlanT) -> Value {
+    let model = &*tree.model;
+    let (n, consts, muts, ext) = tensor_kinds(model, p);
+    let mut by_id: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for (j, d) in plan.delegates.iter().flatten().enumerate() {
+        let e = by_id.entry(d.id.as_deref().unwrap_or("")).or_default();
+        e.0 += 1;
+        if tree.catalog.payloads.get(p, j).is_some() {
+            e.1 += 1;
+        }
+    }
+    let io = |list: &Option<Vec<i32>>| -> Vec<Value> {
+        list.iter().flatten().map(|&i| io_json(plan, i)).collect()
+    };
+    json!({
+        "name": plan.name.as_deref().unwrap_or(""),
+        "constant_method": is_constant_method(plan),
+        "values": plan.values.as_ref().map_or(0, Vec::len),
+        "tensors": n,
+        "constant_tensors": consts,
+        "initial_state_tensors": muts,
+        "external_tensors": ext,
+        "operators": plan.operators.as_ref().map_or(0, Vec::len),
+        "instructions": crate::format::pte::instruction_count(plan),
+        "delegates": by_id.iter().map(|(id, (count, decoded))| json!({
+            "id": id,
+            "count": count,
+            "decoded": backend::backend(id).map(|_| decoded),
+        })).collect::<Vec<_>>(),
+        "inputs": io(&plan.inputs),
+        "outputs": io(&plan.outputs),
+    })
+}
+
+/// An input or output of `info --json`: its value index and type, and for a tensor its
+/// dtype, sizes, dim order and dynamism, for a scalar its value.
+fn io_json(plan: &pte_fb::ExecutionPlanT, index: i32) -> Value {
+    use pte_fb::KernelTypesT as K;
+    match io_value(plan, index) {
+        Err(defect) => json!({ "index": index, "defect": defect }),
+        Ok(K::Tensor(t)) => json!({
+            "index": index,
+            "type": "Tensor",
+            "dtype": scalar_type::display(t.scalar_type.0),
+            "sizes": t.sizes.as_deref().unwrap_or_default(),
+            "dim_order": t.dim_order.as_deref().unwrap_or_default(),
+            "dynamism": t.shape_dynamism.variant_name().map_or_else(|| json!(t.shape_dynamism.0), |n| json!(n)),
+        }),
+        Ok(K::Int(x)) => json!({ "index": index, "type": "Int", "value": x.int_val }),
+        Ok(K::Bool(x)) => json!({ "index": index, "type": "Bool", "value": x.bool_val }),
+        Ok(K::Double(x)) => json!({ "index": index, "type": "Double", "value": x.double_val }),
+        Ok(other) => json!({ "index": index, "type": kernel_type_name(other) }),
     }
 }

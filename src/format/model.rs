@@ -359,6 +359,17 @@ impl ModelFile {
             .map_err(|e| FormatError::new(format!("{}: cannot read: {e}", self.path.display())))
     }
 
+    /// Whether the file's bytes are fetched from elsewhere when read (a remote object).
+    pub fn fetched_on_demand(&self) -> bool {
+        self.source.fetched_on_demand()
+    }
+
+    /// Gives back the memory that reading `range` took in this process, where the source
+    /// can (the pages of a mapping); the bytes stay readable.
+    pub fn release(&self, range: ByteRange) {
+        self.source.release(range.start()..range.end());
+    }
+
     /// The bytes at `location` (a location of this file).
     pub fn read_at(&self, location: &Location) -> Result<Cow<'_, [u8]>, FormatError> {
         self.read(location.range)

@@ -47,6 +47,17 @@ pub trait ByteSource: Send + Sync {
     fn poisoned(&self) -> bool {
         false
     }
+
+    /// Whether the bytes are fetched from elsewhere when read (a remote object): then
+    /// nothing should read bytes a user did not ask for, such as a sample of every tensor.
+    fn fetched_on_demand(&self) -> bool {
+        false
+    }
+
+    /// Says that `range` was read and will not be read again soon, so that the memory it
+    /// holds in this process can be given back (a scan of a whole model keeps its resident
+    /// memory to what it reads at a time). Later reads still return the same bytes.
+    fn release(&self, _range: Range<u64>) {}
 }
 
 /// `range` of `bytes`, or the error a source gives for a range it does not hold.

@@ -93,6 +93,7 @@ impl Builder {
             nodes: self.nodes,
             sharing: OnceLock::new(),
             texts: TextCache::new(super::TEXT_CACHE_BUDGET),
+            sizes: OnceLock::new(),
         }
     }
 }
@@ -490,7 +491,7 @@ fn payload_node_count(model: &Model, dec: &Decoded) -> u64 {
 
 /// `node_count` with the payloads already decoded.
 fn node_count_with(model: &Model, payloads: &Payloads) -> u64 {
-    let mut n: u64 = 1; // the root
+    let mut n: u64 = 3; // the root, sizes.txt, sizes.json
     let segments = |file: &crate::format::ModelFile| match &file.kind {
         Kind::Pte(p) => p.segments.len() as u64,
         Kind::Ptd(p) => p.segments.len() as u64,
@@ -573,6 +574,8 @@ impl Tree {
             dirs: vec![(ROOT, false)],
         };
         let (names, payloads) = (&catalog.names, &catalog.payloads);
+        b.text(ROOT, "sizes.txt", TextKind::SizesTxt);
+        b.text(ROOT, "sizes.json", TextKind::SizesJson);
         match &model.files[0].kind {
             Kind::Pte(_) => {
                 for (dir, p, j) in add_pte(&mut b, model, names, payloads, ROOT) {

@@ -45,6 +45,9 @@ pub enum TextKind {
     PayloadGraphTxt(usize, usize),
     /// `<backend>/values/<id>.json` of the value at this position of the payload's values.
     PayloadValueJson(usize, usize, usize),
+    /// `sizes.txt` and `sizes.json` at the root: where the bytes go (`crate::sizes`).
+    SizesTxt,
+    SizesJson,
 }
 
 #[derive(Debug)]
@@ -103,6 +106,9 @@ pub struct Tree {
     sharing: OnceLock<SharingIndex>,
     /// Rendered text, within a budget.
     texts: TextCache,
+    /// Where the bytes go, accounted once per snapshot when `sizes.txt` or `sizes.json` is
+    /// first read, so both keep one content and length while the snapshot lives.
+    sizes: OnceLock<std::result::Result<crate::sizes::Sizes, String>>,
 }
 
 impl Tree {
@@ -264,6 +270,13 @@ impl Tree {
             Some(json) => self.sharing().others(&location, json),
             None => Shared::default(),
         }
+    }
+
+    /// Where the bytes go (`sizes.txt`), accounted on the first call.
+    pub fn sizes(&self) -> &std::result::Result<crate::sizes::Sizes, String> {
+        self.sizes.get_or_init(|| {
+            crate::sizes::Sizes::of(&self.catalog).map_err(|e| e.message().to_string())
+        })
     }
 
     /// The rendered-text cache (tests look at what it holds).

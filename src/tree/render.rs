@@ -57,6 +57,14 @@ pub fn render(tree: &Tree, ino: Ino, kind: TextKind, out: &mut dyn Write) -> fmt
             Some(dec) => to_text(&dec.value_json(model, k), out),
             None => to_text(&Value::Null, out),
         },
+        TextKind::SizesTxt => match tree.sizes() {
+            Ok(sizes) => out.write_str(&sizes.text()),
+            Err(e) => writeln!(out, "sizes: {e}"),
+        },
+        TextKind::SizesJson => match tree.sizes() {
+            Ok(sizes) => out.write_str(&sizes.json_text()),
+            Err(e) => to_text(&json!({ "error": e }), out),
+        },
     }
 }
 

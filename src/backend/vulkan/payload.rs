@@ -55,6 +55,20 @@ impl Dequantize for QuantLayout {
         QuantLayout::scale_nbytes(self)
     }
 
+    fn scheme(&self) -> Option<String> {
+        match self.packing {
+            Packing::Float32 | Packing::Float16 => None,
+            Packing::Q4gsw {
+                scale_datatype,
+                group_size,
+                ..
+            } => Some(format!(
+                "groups of {group_size}, {} scales",
+                scale_datatype.display()
+            )),
+        }
+    }
+
     fn dequantize(
         &self, data: &[u8], scales: &[u8], first: u64, out: &mut [f32],
     ) -> std::result::Result<(), QuantError> {

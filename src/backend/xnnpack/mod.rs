@@ -20,7 +20,6 @@
 //!   elements, and re-quantizes so that dequantizing the result reproduces the stored scales.
 
 pub mod datatype;
-pub mod float16;
 pub mod graph;
 pub mod header;
 pub mod nodes;

@@ -36,8 +36,10 @@
 //! [`QuantLayout::rescale_int32`].
 
 use super::datatype::{element_count, Datatype};
-use super::float16::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, runtime_f32_to_bf16};
 use super::graph::{QuantParams, ScaleDtype, XnnValue};
+use crate::backend::float16::{
+    bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, runtime_f32_to_bf16,
+};
 
 pub use crate::backend::view::QuantError;
 
@@ -1108,6 +1110,18 @@ impl crate::backend::view::Dequantize for QuantLayout {
 
     fn scale_nbytes(&self) -> u64 {
         QuantLayout::scale_nbytes(self)
+    }
+
+    fn scheme(&self) -> Option<String> {
+        let scales = self.scale_dtype.name();
+        match self.scheme {
+            Scheme::Float => None,
+            Scheme::PerTensor { zero_point } => {
+                Some(format!("per tensor, zero point {zero_point}"))
+            }
+            Scheme::PerChannel { .. } => Some(format!("per channel, {scales} scales")),
+            Scheme::Blockwise { group, .. } => Some(format!("groups of {group}, {scales} scales")),
+        }
     }
 
     fn dequantize(

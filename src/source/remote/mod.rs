@@ -583,6 +583,10 @@ impl ByteSource for RemoteSource {
     fn read_within(&self, range: Range<u64>, limit: u64) -> io::Result<Cow<'_, [u8]>> {
         self.get(range, Some(limit)).map(Cow::Owned)
     }
+
+    fn fetched_on_demand(&self) -> bool {
+        true
+    }
 }
 
 impl Drop for RemoteSource {
