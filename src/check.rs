@@ -20,6 +20,7 @@ use crate::catalog::Payloads;
 use crate::format::generated::pte_fb;
 use crate::format::layout::DataKind;
 use crate::format::{scalar_type, Kind, Model, ModelFile};
+use crate::quote;
 
 /// The runtime's limit on tensor rank (`kTensorDimensionLimit`).
 const MAX_RANK: usize = 16;
@@ -55,8 +56,8 @@ pub fn defects_with(model: &Model, payloads: &Payloads) -> Vec<String> {
                 for blob in model.ptd_blobs[i].iter().flatten() {
                     if !keys.insert(blob.key.as_str()) {
                         out.push(format!(
-                            "{name}: named_data key \"{}\" appears more than once",
-                            blob.key
+                            "{name}: named_data key {} appears more than once",
+                            quote::name(&blob.key)
                         ));
                     }
                     if let Err(e) = &blob.location {
@@ -65,8 +66,8 @@ pub fn defects_with(model: &Model, payloads: &Payloads) -> Vec<String> {
                     if let Some(t) = &blob.tensor {
                         if t.physical_shape().is_none() {
                             out.push(format!(
-                                "{name}: named_data \"{}\": tensor_layout dim_order {:?}: expected a permutation of 0..{} (one entry per size of {:?})",
-                                blob.key,
+                                "{name}: named_data {}: tensor_layout dim_order {:?}: expected a permutation of 0..{} (one entry per size of {:?})",
+                                quote::name(&blob.key),
                                 t.dim_order,
                                 t.sizes.len(),
                                 t.sizes
@@ -90,7 +91,7 @@ fn delegate_place(model: &Model, p: usize, j: usize) -> String {
     let id = plan
         .and_then(|pl| pl.delegates.as_deref()?.get(j)?.id.as_deref())
         .unwrap_or("");
-    format!("plan {p} (\"{name}\") delegate {j} ({id})")
+    format!("plan {p} ({}) delegate {j} ({id})", quote::name(name))
 }
 
 /// Delegate payloads a decoder cannot read, and references from a decoded payload that do
@@ -134,18 +135,22 @@ fn blob_defects(model: &Model, place: &str, blobs: &[Blob], out: &mut Vec<String
         match &b.bytes {
             BlobRef::Named { key, .. } => match model.named_blob(key) {
                 None => out.push(format!(
-                    "{place}: {what} needs named data \"{key}\", which {}",
+                    "{place}: {what} needs named data {}, which {}",
+                    quote::name(key),
                     if attached {
                         "no attached file has"
                     } else {
                         "the program does not have (attach its .ptd with --data)"
                     }
                 )),
-                Some((_, _, Err(e))) => out.push(format!("{place}: {what}: \"{key}\": {e}")),
+                Some((_, _, Err(e))) => {
+                    out.push(format!("{place}: {what}: {}: {e}", quote::name(key)))
+                }
                 Some((_, _, Ok(loc))) => {
                     if let Some(want) = b.expected.filter(|&w| w != loc.range.len()) {
                         out.push(format!(
-                            "{place}: {what}: named data \"{key}\" is {} bytes, expected {want}",
+                            "{place}: {what}: named data {} is {} bytes, expected {want}",
+                            quote::name(key),
                             loc.range.len()
                         ));
                     }
@@ -188,10 +193,10 @@ fn unattached_external(model: &Model) -> Vec<String> {
             continue;
         }
         out.push(format!(
-            "plan {p} (\"{}\"): {} EXTERNAL tensor(s) (\"{}\"{}) need a .ptd data file, and none is attached (the runtime cannot load this method without one)",
-            plans[p].name.as_deref().unwrap_or(""),
+            "plan {p} ({}): {} EXTERNAL tensor(s) ({}{}) need a .ptd data file, and none is attached (the runtime cannot load this method without one)",
+            quote::name(plans[p].name.as_deref().unwrap_or("")),
             keys.len(),
-            keys[0],
+            quote::name(keys[0]),
             if keys.len() > 1 { ", …" } else { "" }
         ));
     }
@@ -323,9 +328,10 @@ pub fn data_beside(model: &Model) -> Option<String> {
             .find(|k| remaining.contains(k.as_str()))
             .expect("a key remains");
         format!(
-            "{found} of the {} missing keys (no .ptd beside it has the other {}, such as \"{example}\")",
+            "{found} of the {} missing keys (no .ptd beside it has the other {}, such as {})",
             missing.len(),
-            remaining.len()
+            remaining.len(),
+            quote::name(example)
         )
     };
     Some(format!(
@@ -408,7 +414,10 @@ fn check_index(out: &mut Vec<String>, place: &str, what: &str, index: i64, len: 
 }
 
 fn check_plan(p: usize, plan: &pte_fb::ExecutionPlanT, out: &mut Vec<String>) {
-    let place = format!("plan {p} (\"{}\")", plan.name.as_deref().unwrap_or(""));
+    let place = format!(
+        "plan {p} ({})",
+        quote::name(plan.name.as_deref().unwrap_or(""))
+    );
     required(out, &place, "name", &plan.name);
     required(out, &place, "values", &plan.values);
     required(out, &place, "inputs", &plan.inputs);

@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::format::safetensors::{Entry, Header, HeaderBound};
 use crate::format::Model;
 use crate::host::claims;
+use crate::quote;
 
 /// What `ptefs apply` was asked.
 #[derive(Debug, Clone)]
@@ -55,7 +56,11 @@ fn refuse_ambiguous(entries: &[Entry], model: &Model, header: &Header) -> Result
                 .iter()
                 .map(|&f| model.files[f].path.display().to_string())
                 .collect();
-            Some(format!("\"{n}\" is a tensor of {}", paths.join(" and ")))
+            Some(format!(
+                "{} is a tensor of {}",
+                quote::name(n),
+                paths.join(" and ")
+            ))
         })
         .collect();
     if !ambiguous.is_empty() {
@@ -151,11 +156,12 @@ fn report(summary: &bulk::Summary, dry_run: bool, out: &mut dyn Write) -> std::i
     } else {
         ("changed", "written")
     };
+    // Names come from the model and the update: escaped, as `ptefs ls` shows them.
     for name in &summary.changed {
-        writeln!(out, "{changed}\t{name}")?;
+        writeln!(out, "{changed}\t{}", quote::listed(name))?;
     }
     for name in &summary.unchanged {
-        writeln!(out, "unchanged\t{name}")?;
+        writeln!(out, "unchanged\t{}", quote::listed(name))?;
     }
     writeln!(
         out,

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use crate::catalog::names::{Names, Part, NAME_MAX};
 use crate::edit::recovery::interrupted_commits;
 use crate::format::Model;
+use crate::quote;
 use crate::tree::DEFAULT_MAX_NODES;
 
 /// Every defect of the files, one a line; empty when the files are sound.
@@ -73,29 +74,8 @@ pub fn shortened_names(model: &Model, out: &mut Vec<String>) {
         };
         out.push(format!(
             "{what} {} ({} bytes) is longer than a file name can be ({NAME_MAX} bytes with its extension): the tree shows it as {shown}",
-            abbreviated(&s.full),
+            quote::abbreviated(&s.full),
             s.full.len(),
         ));
     }
-}
-
-/// A name as a JSON string, its middle left out when it is long.
-fn abbreviated(name: &str) -> String {
-    const SHOWN: usize = 60;
-    if name.len() <= 2 * SHOWN {
-        return serde_json::Value::from(name).to_string();
-    }
-    let mut head = SHOWN;
-    while !name.is_char_boundary(head) {
-        head -= 1;
-    }
-    let mut tail = name.len() - SHOWN;
-    while !name.is_char_boundary(tail) {
-        tail += 1;
-    }
-    format!(
-        "{}…{}",
-        serde_json::Value::from(&name[..head]),
-        serde_json::Value::from(&name[tail..])
-    )
 }
