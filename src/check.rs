@@ -16,9 +16,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use crate::backend::{Blob, BlobRef, KeyRole};
-use crate::catalog::Payloads;
+use crate::catalog::{Decoded, Payloads};
 use crate::format::generated::pte_fb;
-use crate::format::layout::DataKind;
+use crate::format::layout::{DataKind, Location};
 use crate::format::{scalar_type, Kind, Model, ModelFile};
 use crate::quote;
 
@@ -117,17 +117,19 @@ fn delegate_defects(model: &Model, payloads: &Payloads) -> Vec<String> {
                 out.push(format!("{}: the payload does not decode: {e}", place()));
             }
             if let Some(dec) = payloads.get(p, j) {
-                blob_defects(model, &place(), &dec.payload.blobs(), &mut out);
+                blob_defects(model, &place(), dec, &mut out);
             }
         }
     }
     out
 }
 
-/// The blobs a decoded payload reads that the files at hand do not hold as it needs.
-fn blob_defects(model: &Model, place: &str, blobs: &[Blob], out: &mut Vec<String>) {
+/// The blobs a decoded payload reads that the files at hand do not hold as it needs: missing,
+/// of another size, or holding values its backend refuses (scales that are not positive
+/// normal floats).
+fn blob_defects(model: &Model, place: &str, dec: &Decoded, out: &mut Vec<String>) {
     let attached = model.files.len() > 1;
-    for b in blobs {
+    for b in &dec.payload.blobs() {
         let what = match b.role {
             KeyRole::Constant => format!("value %{} ({})", b.value, b.describe),
             KeyRole::Scale => format!("value %{} ({}) scales", b.value, b.describe),
@@ -164,7 +166,25 @@ fn blob_defects(model: &Model, place: &str, blobs: &[Blob], out: &mut Vec<String
                 }
             }
         }
+        if let Some(why) = refused_bytes(model, dec, b) {
+            out.push(format!("{place}: {what}: {why}"));
+        }
     }
+}
+
+/// Why the backend refuses what blob `b` of `dec` holds now, when its bytes are at hand.
+/// Only the bytes the graph needs are read (a blob may be larger than that).
+fn refused_bytes(model: &Model, dec: &Decoded, b: &Blob) -> Option<String> {
+    if b.role != KeyRole::Scale {
+        return None;
+    }
+    let at = dec.locate(model, &b.bytes)?;
+    let at = Location {
+        file: at.file,
+        range: at.range.prefix(b.expected?.min(at.range.len())),
+    };
+    let bytes = model.files[at.file].read_at(&at).ok()?;
+    dec.payload.check_blob(b, &bytes).err()
 }
 
 /// EXTERNAL tensors of a program mounted without any data file: the runtime cannot load

@@ -129,7 +129,10 @@ pub fn apply(req: &ApplyRequest, out: &mut dyn Write) -> Result<bulk::Summary> {
         .map_err(|e| e.context(req.update.display()))?;
     refuse_ambiguous(&entries, model, &header)?;
     let (plan, summary) = bulk::plan_header(model, &entries, &header, source)
-        .and_then(|(plan, summary)| Ok((edit::identity::separate(model, plan)?, summary)))
+        .and_then(|(plan, summary)| {
+            edit::params::check(&catalog, &plan)?;
+            Ok((edit::identity::separate(model, plan)?, summary))
+        })
         .map_err(|e| e.context(req.update.display()))?;
     if !req.dry_run {
         for f in plan.files() {

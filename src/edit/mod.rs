@@ -12,6 +12,7 @@ mod direct;
 mod float;
 pub mod identity;
 pub mod journal;
+pub mod params;
 pub mod plan;
 pub mod recovery;
 pub mod relayout;

@@ -868,6 +868,70 @@ impl QuantLayout {
     }
 }
 
+/// Why XNNPACK refuses scale `value` (`xnn_define_*_quantized_tensor` require positive
+/// normal floats), or None when it accepts it.
+pub fn scale_refusal(value: f32) -> Option<&'static str> {
+    if value.is_nan() {
+        Some("not a number")
+    } else if value.is_infinite() {
+        Some("infinite")
+    } else if value == 0.0 {
+        Some("zero")
+    } else if value < 0.0 {
+        Some("negative")
+    } else if !value.is_normal() {
+        Some("a subnormal float")
+    } else {
+        None
+    }
+}
+
+/// A float as a message shows it: exponent notation when a decimal would be long.
+fn shown(v: f32) -> String {
+    let a = v.abs();
+    if v.is_finite() && a != 0.0 && !(1e-4..1e6).contains(&a) {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    }
+}
+
+/// The first scale in `bytes` (scales stored as `dtype`, at most `count` of them: those the
+/// graph declares and the bytes hold) that XNNPACK refuses, as a message naming its index
+/// and value: "scale 2 is 0 (zero)". The value checked is the one the runtime computes with
+/// (inline blockwise fp32 scales after their conversion to bfloat16).
+pub fn first_refused_scale(dtype: ScaleDtype, bytes: &[u8], count: u64) -> Option<String> {
+    let size = dtype.size() as usize;
+    let n = (bytes.len() / size).min(usize::try_from(count).unwrap_or(usize::MAX));
+    (0..n).find_map(|i| {
+        let at = &bytes[i * size..(i + 1) * size];
+        let (stored, used) = match dtype {
+            ScaleDtype::F32 => {
+                let v = f32::from_le_bytes([at[0], at[1], at[2], at[3]]);
+                (v, v)
+            }
+            ScaleDtype::Bf16 => {
+                let v = bf16_to_f32(u16::from_le_bytes([at[0], at[1]]));
+                (v, v)
+            }
+            ScaleDtype::F32RoundedToBf16 => {
+                let v = f32::from_le_bytes([at[0], at[1], at[2], at[3]]);
+                (v, bf16_to_f32(runtime_f32_to_bf16(v)))
+            }
+        };
+        let why = scale_refusal(used)?;
+        Some(if stored.to_bits() == used.to_bits() {
+            format!("scale {i} is {} ({why})", shown(stored))
+        } else {
+            format!(
+                "scale {i} is {}, which the runtime converts to bfloat16 {} ({why})",
+                shown(stored),
+                shown(used)
+            )
+        })
+    })
+}
+
 /// `largest / divisor` as a scale XNNPACK accepts: positive and normal (1 for all zeros).
 fn fresh_scale(largest_bits: u32, divisor: f32) -> f32 {
     if largest_bits == 0 {
