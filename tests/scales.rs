@@ -3,7 +3,8 @@
 //! every file that can write them (`named_data/<key>.bin`, `segments/<n>`,
 //! `weights.safetensors`, `ptefs apply`, a delegate payload rewritten whole), naming the
 //! value, the scale index and the value found, and nothing is written; `ptefs check` reports
-//! such scales stored in a file.
+//! such scales stored in a file. And a re-quantizing write keeps a channel's int32 bias and
+//! scale byte for byte when that channel's scale need not change.
 
 mod common;
 
@@ -22,6 +23,8 @@ use ptefs::tree::Tree;
 const FIXTURE: &str = "extra/xnn_qc8_conv";
 /// The first convolution's `qcint8[4,3,3,2]` filter, its 4 fp32 scales in named data.
 const FILTER: &str = "plans/forward/delegates/0/xnnpack/values/3";
+/// Its `qcint32[4]` bias.
+const BIAS: &str = "plans/forward/delegates/0/xnnpack/values/5";
 
 fn copy() -> Copied {
     let (model, data) = fixture_files(&fixtures_dir().join(format!("{FIXTURE}.pte.json")));
@@ -235,4 +238,96 @@ fn apply_refuses_refused_scales() {
         "{err}"
     );
     assert_eq!(std::fs::read(&c.model).unwrap(), before);
+}
+
+/// The `.f32.npy` of `path` as float32 values (a version 1.0 header).
+fn npy_f32(bytes: &[u8]) -> Vec<f32> {
+    let header = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    f32_le(&bytes[10 + header..])
+}
+
+fn f32_npy(dims: &[u64], values: &[f32]) -> Vec<u8> {
+    let shape: Vec<String> = dims.iter().map(u64::to_string).collect();
+    let mut dict = format!(
+        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({}), }}",
+        shape.join(", ")
+    );
+    while (10 + dict.len() + 1) % 64 != 0 {
+        dict.push(' ');
+    }
+    dict.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+    out.extend_from_slice(dict.as_bytes());
+    out.extend_from_slice(&f32s(values));
+    out
+}
+
+/// Zeroing one output channel of the qc8 filter (its `.f32.npy` read back, one channel set
+/// to zero, written again): no channel's scale needs to change, so every scale and every
+/// bias integer stays byte for byte what it was, the zeroed channel's bias included (it
+/// once became coarse: 0.0867 → 0.0911), and only the zeroed weights change.
+#[test]
+fn zeroing_a_channel_keeps_every_bias_and_scale_exact() {
+    let c = copy();
+    let fs = open(&c);
+    let filter = json(&fs, &format!("{FILTER}.json"));
+    let bias = json(&fs, &format!("{BIAS}.json"));
+    let dims: Vec<u64> = filter["dims"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_u64().unwrap())
+        .collect();
+    assert_eq!(dims, [4, 3, 3, 2]);
+    let (key, _, scales) = scale_key(&fs);
+    let bias_key = bias["constant"]["named_key"].as_str().unwrap().to_string();
+    let bias_scale_key = bias["quant"]["scales"]["named_key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let named = |k: &str| read(&fs, &format!("named_data/{k}.bin"));
+    let (bias_bytes, bias_scales) = (named(&bias_key), named(&bias_scale_key));
+    let bias_f32 = npy_f32(&read(&fs, &format!("{BIAS}.f32.npy")));
+    let weights = read(&fs, &format!("{FILTER}.bin"));
+    let mut values = npy_f32(&read(&fs, &format!("{FILTER}.f32.npy")));
+    let per_channel = values.len() / 4;
+    for zeroed in 0..4 {
+        let mut v = values.clone();
+        v[zeroed * per_channel..(zeroed + 1) * per_channel].fill(0.0);
+        replace(&fs, &format!("{FILTER}.f32.npy"), &f32_npy(&dims, &v)).unwrap();
+        assert_eq!(named(&key), scales, "channel {zeroed}: the scales changed");
+        assert_eq!(
+            named(&bias_key),
+            bias_bytes,
+            "channel {zeroed}: the bias changed"
+        );
+        assert_eq!(named(&bias_scale_key), bias_scales, "channel {zeroed}");
+        assert_eq!(
+            npy_f32(&read(&fs, &format!("{BIAS}.f32.npy"))),
+            bias_f32,
+            "channel {zeroed}"
+        );
+        let now = read(&fs, &format!("{FILTER}.bin"));
+        for (i, (a, b)) in weights.iter().zip(&now).enumerate() {
+            if i / per_channel == zeroed {
+                assert_eq!(*b, 0, "channel {zeroed} byte {i}");
+            } else {
+                assert_eq!(a, b, "channel {zeroed} byte {i}");
+            }
+        }
+        // Put the channel back: the file is as it was.
+        replace(&fs, &format!("{FILTER}.f32.npy"), &f32_npy(&dims, &values)).unwrap();
+        assert_eq!(read(&fs, &format!("{FILTER}.bin")), weights);
+    }
+    // A channel whose values need a larger scale gets a fresh one, and its bias follows.
+    values[0] *= 4.0;
+    values[1..per_channel].fill(0.0);
+    replace(&fs, &format!("{FILTER}.f32.npy"), &f32_npy(&dims, &values)).unwrap();
+    let now = f32_le(&named(&key));
+    let old = f32_le(&scales);
+    assert_ne!(now[0], old[0]);
+    assert_eq!(now[1..], old[1..]);
+    assert_ne!(named(&bias_key)[..4], bias_bytes[..4]);
+    assert_eq!(named(&bias_key)[4..], bias_bytes[4..]);
 }
