@@ -864,3 +864,65 @@ fn signatures_and_info_of_huge_plans_stay_bounded() {
         .unwrap();
     assert!(input3.contains("100000 dimensions"), "{input3}");
 }
+
+/// An XNNPACK filter whose dims say `[2^31, 3, 3, 2]` while its bytes hold `[4, 3, 3, 2]`
+/// (a 154 GB float32 view): the tree shows the value's `.json` and `.bin`, and no `.npy` or
+/// `.f32.npy` that every read of would fail; `node_count` agrees, every file listed reads,
+/// and `check` names the size.
+#[test]
+fn payload_views_the_bytes_cannot_back_are_not_listed() {
+    let mut bytes = common::fixture_bytes("extra/xnn_qc8_conv.pte");
+    // The dims vector of the first convolution's filter: length 4, then [4, 3, 3, 2].
+    let dims: Vec<u8> = [4u32, 4, 3, 3, 2]
+        .iter()
+        .flat_map(|d| d.to_le_bytes())
+        .collect();
+    let at: Vec<usize> = bytes
+        .windows(dims.len())
+        .enumerate()
+        .filter(|(_, w)| *w == dims)
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(at.len(), 1, "{at:?}");
+    bytes[at[0] + 4..at[0] + 8].copy_from_slice(&(1u32 << 31).to_le_bytes());
+    let values = "plans/forward/delegates/0/xnnpack/values";
+    let file = ModelFile::from_bytes(Path::new("huge.pte"), bytes.clone()).unwrap();
+    let model = Model::from_files(vec![file]).unwrap();
+    let n = node_count(&model);
+    let tree = Tree::build(Arc::new(model));
+    assert_eq!(n, tree.nodes.len() as u64);
+    let fs = Fs::new(tree, Options { read_only: true });
+    let (_, j) = json_at(&fs, &format!("{values}/3.json"));
+    assert_eq!(j["dims"], json!([1u64 << 31, 3, 3, 2]));
+    assert!(fs.tree().find(&format!("{values}/3.bin")).is_some());
+    for view in ["3.npy", "3.f32.npy"] {
+        assert!(
+            fs.tree().find(&format!("{values}/{view}")).is_none(),
+            "{view}"
+        );
+    }
+    // The other filter keeps its views.
+    for view in ["6.npy", "6.f32.npy"] {
+        assert!(
+            fs.tree().find(&format!("{values}/{view}")).is_some(),
+            "{view}"
+        );
+    }
+    for (path, ino, kind) in walk(&fs) {
+        if kind == FileType::RegularFile {
+            let size = fs.getattr(ino).unwrap().size;
+            assert!(size < 1 << 20, "{path}: {size} bytes");
+            read_all(&fs, ino, 4096).unwrap_or_else(|e| panic!("{path}: {e}"));
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_temp(dir.path(), "huge.pte", &bytes);
+    let out = Command::new(BIN).arg("check").arg(&path).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success());
+    assert!(
+        said.contains("value %3 (qcint8[2147483648,3,3,2]): named data")
+            && said.contains("is 72 bytes, expected 38654705664"),
+        "{said}"
+    );
+}
