@@ -122,6 +122,10 @@ struct MountArgs {
     max_nodes: Option<u64>,
     #[command(flatten)]
     remote: RemoteArgs,
+    /// The largest size a named blob, a delegate payload or a scratch file may be given
+    /// (bytes, or with K, M, G, T); default: what the file system's free space allows
+    #[arg(long, value_name = "SIZE", value_parser = commands::mount::parse_size)]
+    max_file_size: Option<u64>,
 }
 
 #[derive(Subcommand)]
@@ -294,6 +298,7 @@ fn run(command: Command) -> ExitCode {
             verbose: a.verbose,
             log_file: a.log_file,
             max_nodes: a.max_nodes,
+            max_file_size: a.max_file_size,
         })),
         Command::Umount { mountpoint } => exit_code(commands::umount(&mountpoint)),
         Command::Ls {

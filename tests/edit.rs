@@ -15,7 +15,7 @@ use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestR
 
 use common::{copy_fixture, open, pattern, replace, top_fixtures, Copied};
 use ptefs::format::{Model, WriteTarget};
-use ptefs::fs::{Fs, RenameMode, SetAttr};
+use ptefs::fs::{Fs, RenameMode, SetAttr, SizeLimits};
 use ptefs::tree::{Content, Ino, Tree};
 
 /// Every fixture of `tests/fixtures` (not `extra`), by file name.
@@ -930,10 +930,23 @@ fn sizes_a_file_can_never_have_are_refused_at_the_request() {
         truncate(&fs, ino, 1 << 40).unwrap_err().errno(),
         libc::EFBIG
     );
-    // A scratch file has a documented limit too.
+    // A scratch file is bounded by what its user may hold (twice the model and 1 GiB)...
     let values = fs.tree().find("plans/forward/values").unwrap();
     let s = fs.create(values, "big", libc::O_WRONLY).unwrap().1.fh;
-    assert_eq!(fs.write(s, 1 << 40, b"x").unwrap_err().errno(), libc::EFBIG);
+    let e = fs.write(s, 1 << 40, b"x").unwrap_err();
+    assert_eq!(e.errno(), libc::EDQUOT, "{e}");
+    fs.release(s).unwrap();
+    drop(fs);
+    // ...and with a mount's --max-file-size, scratch files, blobs and payloads by that.
+    let fs = open(&c, false).with_size_limits(SizeLimits {
+        max_file_size: Some(1 << 20),
+        ..SizeLimits::default()
+    });
+    let s = fs.create(values, "big", libc::O_WRONLY).unwrap().1.fh;
+    let e = fs.write(s, 1 << 20, b"x").unwrap_err();
+    assert_eq!(e.errno(), libc::EFBIG, "{e}");
+    assert!(e.to_string().contains("(--max-file-size)"), "{e}");
+    fs.write(s, (1 << 20) - 1, b"x").unwrap();
     fs.release(s).unwrap();
     assert_eq!(std::fs::read(&c.model).unwrap(), before);
 }
