@@ -329,8 +329,8 @@ fn run(command: Command) -> ExitCode {
             max_nodes,
             ..
         } => exit_code(
-            commands::open_fs_limited(&file, &data, max_nodes)
-                .and_then(|fs| commands::info(&fs, &mut out)),
+            commands::open_catalog_limited(&file, &data, max_nodes)
+                .and_then(|c| commands::info::info_of(&c, &mut out)),
         ),
         Command::Apply {
             file,

@@ -131,8 +131,10 @@ pub struct TensorData {
 
 #[derive(Debug, Clone)]
 pub struct PlanLayout {
-    /// One entry per value; `None` for values that are not tensors.
-    pub tensors: Vec<Option<TensorData>>,
+    /// One entry per value; `None` for values that are not tensors. Boxed: a value costs a
+    /// pointer here, not the size of a tensor's facts, so a plan of millions of values that
+    /// are no tensors (4 bytes each in a crafted file) costs memory in proportion.
+    pub tensors: Vec<Option<Box<TensorData>>>,
     /// Per delegate: its payload's location or the defect.
     pub delegates: Vec<Result<Location, FormatError>>,
 }
@@ -486,7 +488,7 @@ pub fn locate_pte(pte: &Pte, data: &[&Ptd]) -> PteLayout {
                     item: "value",
                     index: i,
                 };
-                locate_tensor(pte, data, &keys, &place, t)
+                Box::new(locate_tensor(pte, data, &keys, &place, t))
             });
             if let Some(d) = t.as_ref().and_then(|t| t.defect.clone()) {
                 defects.push(d);

@@ -256,7 +256,7 @@ fn add_ptd(b: &mut Builder, model: &Model, names: &Names, root: Ino, file: FileI
 /// `plans/<name>/values/`: every value's `.json`, and the `.bin` and `.npy` of tensors whose
 /// bytes are at hand. Inodes follow the values' order; the listing is in name order, built
 /// without comparing names.
-fn add_values(b: &mut Builder, plan_dir: Ino, p: usize, tensors: &[Option<TensorData>]) {
+fn add_values(b: &mut Builder, plan_dir: Ino, p: usize, tensors: &[Option<Box<TensorData>>]) {
     let values = b.dir(plan_dir, "values");
     // Per value, the inode of its `.json`; its `.bin` and `.npy`, when it has them, follow.
     let mut first = Vec::with_capacity(tensors.len() + 1);
@@ -491,7 +491,7 @@ fn payload_node_count(model: &Model, dec: &Decoded) -> u64 {
 }
 
 /// `node_count` with the payloads already decoded.
-fn node_count_with(model: &Model, payloads: &Payloads) -> u64 {
+pub fn node_count_with(model: &Model, payloads: &Payloads) -> u64 {
     let mut n: u64 = 1; // the root
     let segments = |file: &crate::format::ModelFile| match &file.kind {
         Kind::Pte(p) => p.segments.len() as u64,
