@@ -945,7 +945,7 @@ fn sizes_a_file_can_never_have_are_refused_at_the_request() {
     let s = fs.create(values, "big", libc::O_WRONLY).unwrap().1.fh;
     let e = fs.write(s, 1 << 20, b"x").unwrap_err();
     assert_eq!(e.errno(), libc::EFBIG, "{e}");
-    assert!(e.to_string().contains("(--max-file-size)"), "{e}");
+    assert!(e.to_string().contains("limited by --max-file-size"), "{e}");
     fs.write(s, (1 << 20) - 1, b"x").unwrap();
     fs.release(s).unwrap();
     assert_eq!(std::fs::read(&c.model).unwrap(), before);

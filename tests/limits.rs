@@ -146,7 +146,7 @@ fn a_maximum_file_size_bounds_resizable_files() {
     assert_eq!(e.errno(), libc::EFBIG, "{e}");
     assert!(
         e.to_string()
-            .contains("at most 1048576 bytes on this mount (--max-file-size)"),
+            .contains("are limited by --max-file-size on this mount (at most 1048576 bytes)"),
         "{e}"
     );
     let processed = fs
@@ -183,7 +183,7 @@ fn scratch_files_are_bounded_per_user() {
     assert_eq!(e.errno(), libc::EDQUOT, "{e}");
     assert!(
         e.to_string()
-            .contains("user 1000 has 256 scratch files in this mount, the most one user may have"),
+            .contains("user 1000 has 256 scratch files in this mount, the most one user may have; remove some"),
         "{e}"
     );
     // Another user may still create one; and a removed file makes room.

@@ -73,18 +73,18 @@ pub const LARGEST_FILE: u64 = i64::MAX as u64;
 const NPY_HEADER_MAX: u64 = 1 << 20;
 
 /// The limit on a file that may take any size: the mount's `--max-file-size`, else the
-/// largest size a file can have; `what` names the files, for the message.
+/// largest size a file can have; `what` names the files, for the message (the refusal
+/// gives the number: "N bytes cannot fit: WHAT are limited by --max-file-size on this mount
+/// (at most M bytes)").
 pub fn resizable_limit(what: &str, max_file_size: Option<u64>) -> (u64, String) {
     match max_file_size {
         Some(max) => (
             max,
-            format!("{what} grow to at most {max} bytes on this mount (--max-file-size)"),
+            format!("{what} are limited by --max-file-size on this mount"),
         ),
         None => (
             LARGEST_FILE,
-            format!(
-                "{what} grow to at most {LARGEST_FILE} bytes, the largest size a file can have"
-            ),
+            format!("{what} can be no larger than any file"),
         ),
     }
 }
@@ -125,10 +125,9 @@ impl WriteTarget {
                 location.range.len(),
                 format!("segment {index} keeps its size"),
             ),
-            WriteTarget::Blob { .. } | WriteTarget::DelegatePayload { .. } => resizable_limit(
-                &format!("{path}: named data and delegate payloads"),
-                max_file_size,
-            ),
+            WriteTarget::Blob { .. } | WriteTarget::DelegatePayload { .. } => {
+                resizable_limit("named data and delegate payloads", max_file_size)
+            }
             // The catalog's listing bounds an update more closely
             // (`WeightsFile::update_limit`).
             WriteTarget::Weights { .. } => (

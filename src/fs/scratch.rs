@@ -61,7 +61,7 @@ impl ScratchFiles {
             return Err(Error::new(
                 libc::EDQUOT,
                 format!(
-                    "cannot create {}: user {owner} has {held} scratch files in this mount, the most one user may have;                      remove some, or rename them onto the files they stand for",
+                    "cannot create {}: user {owner} has {held} scratch files in this mount, the most one user may have; remove some, or rename them onto the files they stand for",
                     quote::name(name)
                 ),
             ));

@@ -350,7 +350,7 @@ impl Fs {
             ));
         }
         let limits = self.spill.limits;
-        let (limit, why) = resizable_limit(&format!("{name}: scratch files"), limits.max_file_size);
+        let (limit, why) = resizable_limit("scratch files", limits.max_file_size);
         let content = Staged::new(limit, why, self.spill.clone());
         let ino = self
             .scratch
