@@ -117,19 +117,19 @@ fn delegate_defects(model: &Model, payloads: &Payloads) -> Vec<String> {
                 out.push(format!("{}: the payload does not decode: {e}", place()));
             }
             if let Some(dec) = payloads.get(p, j) {
-                blob_defects(model, &place(), dec, &mut out);
+                blob_defects(model, &place(), &dec.payload.blobs(), &mut out);
             }
         }
     }
     out
 }
 
-/// The blobs a decoded payload reads that the files at hand do not hold as it needs: missing,
-/// of another size, or holding values its backend refuses (scales that are not positive
-/// normal floats).
-fn blob_defects(model: &Model, place: &str, dec: &Decoded, out: &mut Vec<String>) {
+/// The blobs a decoded payload reads that the files at hand do not hold as it needs: a named
+/// key no file has, or bytes of another size than its datatype and dims (or scale count)
+/// need.
+fn blob_defects(model: &Model, place: &str, blobs: &[Blob], out: &mut Vec<String>) {
     let attached = model.files.len() > 1;
-    for b in &dec.payload.blobs() {
+    for b in blobs {
         let what = match b.role {
             KeyRole::Constant => format!("value %{} ({})", b.value, b.describe),
             KeyRole::Scale => format!("value %{} ({}) scales", b.value, b.describe),
@@ -166,10 +166,24 @@ fn blob_defects(model: &Model, place: &str, dec: &Decoded, out: &mut Vec<String>
                 }
             }
         }
-        if let Some(why) = refused_bytes(model, dec, b) {
-            out.push(format!("{place}: {what}: {why}"));
+    }
+}
+
+/// Values stored in the blobs of decoded payloads that their backends refuse: scales that are
+/// not positive normal floats (XNNPACK), one line per blob naming the value, the scale's
+/// index and what it holds. Unlike `defects`, this reads every scale blob's bytes (a tenth
+/// of a 4-bit model's), so `ptefs check` asks for it and a mount's warnings do not.
+pub fn value_defects(model: &Model, payloads: &Payloads) -> Vec<String> {
+    let mut out = Vec::new();
+    for (&(p, j), dec) in payloads.iter() {
+        for b in dec.payload.blobs() {
+            if let Some(why) = refused_bytes(model, dec, &b) {
+                let what = format!("value %{} ({}) scales", b.value, b.describe);
+                out.push(format!("{}: {what}: {why}", delegate_place(model, p, j)));
+            }
         }
     }
+    out
 }
 
 /// Why the backend refuses what blob `b` of `dec` holds now, when its bytes are at hand.

@@ -46,7 +46,9 @@ pub fn check_report(file: &Path, data: &[PathBuf], max_nodes: u64) -> CheckRepor
                 let refusal = crate::tree::build::too_many_nodes(&model, nodes, max_nodes);
                 out.push(refusal.to_string());
             } else {
-                out.extend(crate::check::defects(&model));
+                let payloads = crate::catalog::Payloads::decode(&model);
+                out.extend(crate::check::defects_with(&model, &payloads));
+                out.extend(crate::check::value_defects(&model, &payloads));
                 shortened_names(&model, out);
                 report.advice.extend(crate::check::data_beside(&model));
             }
