@@ -430,3 +430,38 @@ pub fn mount(req: &MountRequest) -> Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_take_suffixes_and_refuse_what_they_cannot_hold() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("4K"), Ok(4 << 10));
+        assert_eq!(parse_size("16g"), Ok(16 << 30));
+        assert_eq!(parse_size(" 2T "), Ok(2 << 40));
+        for bad in ["", "K", "1.5G", "-1", "12X", "99999999999T"] {
+            assert!(parse_size(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn own_options_leave_the_fuse_ones() {
+        let (rest, own) = own_options(&[
+            "allow_other,max_file_size=1M".to_string(),
+            "max_nodes=10,noexec".to_string(),
+        ])
+        .unwrap();
+        assert_eq!(rest, ["allow_other", "noexec"]);
+        assert_eq!(
+            own,
+            OwnOptions {
+                max_nodes: Some(10),
+                max_file_size: Some(1 << 20),
+            }
+        );
+        let e = own_options(&["max_file_size=lots".to_string()]).unwrap_err();
+        assert!(e.to_string().contains("-o max_file_size"), "{e}");
+    }
+}
