@@ -380,6 +380,50 @@ mod tests {
         }
     }
 
+    /// `Landings::over` finds exactly the landings a brute-force scan finds, for ranges that
+    /// nest, overlap, touch and lie in several files.
+    #[test]
+    fn landings_over_a_range_are_found_by_bisection() {
+        let spans = [
+            (0, 0, 100),
+            (0, 10, 5),
+            (0, 20, 200),
+            (0, 300, 10),
+            (0, 310, 1),
+            (1, 0, 50),
+            (1, 60, 10),
+            (2, 5, 5),
+        ];
+        let all = || {
+            spans
+                .iter()
+                .map(|&(f, s, l)| Landing {
+                    at: at(f, s, l),
+                    data: Source::Memory(&[]),
+                    resized: false,
+                    only: None,
+                })
+                .collect::<Vec<_>>()
+        };
+        let lands = Landings::new(all());
+        for f in 0..3 {
+            for start in (0..330).step_by(3) {
+                for len in [1, 4, 9, 40, 400] {
+                    let q = at(f, start, len);
+                    let mut got: Vec<Location> = lands.over(&q).map(|l| l.at).collect();
+                    let mut want: Vec<Location> = all()
+                        .into_iter()
+                        .map(|l| l.at)
+                        .filter(|a| overlaps(a, &q))
+                        .collect();
+                    got.sort_by_key(|l| (l.file, l.range.start(), l.range.len()));
+                    want.sort_by_key(|l| (l.file, l.range.start(), l.range.len()));
+                    assert_eq!(got, want, "{q:?}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn ranges_overlap_only_in_one_file() {
         assert!(overlaps(&at(0, 0, 8), &at(0, 4, 8)));
