@@ -21,10 +21,11 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use crate::backend::{Blob, BlobRef, KeyRole};
-use crate::catalog::{Names, Payloads};
+use crate::catalog::{Decoded, Names, Payloads};
 use crate::format::generated::pte_fb;
-use crate::format::layout::DataKind;
+use crate::format::layout::{DataKind, Location};
 use crate::format::{scalar_type, Kind, Model, ModelFile};
+use crate::quote;
 
 /// The runtime's limit on tensor rank (`kTensorDimensionLimit`).
 const MAX_RANK: usize = 16;
@@ -49,6 +50,7 @@ pub const KINDS: &[&str] = &[
     "value",
     "tensor_field",
     "shortened_name",
+    "stored_value",
 ];
 
 /// One defect: its kind (one of [`KINDS`]), the file it is in, the tree path of the part it
@@ -192,8 +194,8 @@ pub fn found_with(model: &Model, payloads: &Payloads) -> Vec<Defect> {
                         out.push(at(here(
                             "duplicate_key",
                             format!(
-                                "{name}: named_data key \"{}\" appears more than once",
-                                blob.key
+                                "{name}: named_data key {} appears more than once",
+                                quote::name(&blob.key)
                             ),
                         )));
                     }
@@ -203,8 +205,8 @@ pub fn found_with(model: &Model, payloads: &Payloads) -> Vec<Defect> {
                     if let Some(t) = &blob.tensor {
                         if t.physical_shape().is_none() {
                             out.push(at(here("tensor_field", format!(
-                                "{name}: named_data \"{}\": tensor_layout dim_order {:?}: expected a permutation of 0..{} (one entry per size of {:?})",
-                                blob.key,
+                                "{name}: named_data {}: tensor_layout dim_order {:?}: expected a permutation of 0..{} (one entry per size of {:?})",
+                                quote::name(&blob.key),
                                 t.dim_order,
                                 t.sizes.len(),
                                 t.sizes
@@ -262,7 +264,7 @@ fn delegate_place(model: &Model, p: usize, j: usize) -> String {
     let id = plan
         .and_then(|pl| pl.delegates.as_deref()?.get(j)?.id.as_deref())
         .unwrap_or("");
-    format!("plan {p} (\"{name}\") delegate {j} ({id})")
+    format!("plan {p} ({}) delegate {j} ({id})", quote::name(name))
 }
 
 /// Delegate payloads a decoder cannot read, and references from a decoded payload that do
@@ -313,8 +315,9 @@ fn delegate_defects(model: &Model, payloads: &Payloads, places: &Places) -> Vec<
     out
 }
 
-/// The blobs a decoded payload reads that the files at hand do not hold as it needs; each
-/// defect's path is, for now, the id of the value that reads the blob (the caller makes it
+/// The blobs a decoded payload reads that the files at hand do not hold as it needs: a named
+/// key no file has, or bytes of another size than its datatype and dims (or scale count)
+/// need. Each defect's path is, for now, the id of the value that reads the blob (the caller makes it
 /// a tree path).
 fn blob_defects(model: &Model, place: &str, blobs: &[Blob], out: &mut Vec<Defect>) {
     let attached = model.files.len() > 1;
@@ -333,7 +336,8 @@ fn blob_defects(model: &Model, place: &str, blobs: &[Blob], out: &mut Vec<Defect
                 None => out.push(defect(
                     "blob_missing",
                     format!(
-                        "{place}: {what} needs named data \"{key}\", which {}",
+                        "{place}: {what} needs named data {}, which {}",
+                        quote::name(key),
                         if attached {
                             "no attached file has"
                         } else {
@@ -344,7 +348,7 @@ fn blob_defects(model: &Model, place: &str, blobs: &[Blob], out: &mut Vec<Defect
                 )),
                 Some((f, _, Err(e))) => out.push(defect(
                     "blob_size",
-                    format!("{place}: {what}: \"{key}\": {e}"),
+                    format!("{place}: {what}: {}: {e}", quote::name(key)),
                     f,
                 )),
                 Some((f, _, Ok(loc))) => {
@@ -352,7 +356,8 @@ fn blob_defects(model: &Model, place: &str, blobs: &[Blob], out: &mut Vec<Defect
                         out.push(defect(
                             "blob_size",
                             format!(
-                                "{place}: {what}: named data \"{key}\" is {} bytes, expected {want}",
+                                "{place}: {what}: named data {} is {} bytes, expected {want}",
+                                quote::name(key),
                                 loc.range.len()
                             ),
                             f,
@@ -371,6 +376,54 @@ fn blob_defects(model: &Model, place: &str, blobs: &[Blob], out: &mut Vec<Defect
             }
         }
     }
+}
+
+/// Values stored in the blobs of decoded payloads that their backends refuse: scales that are
+/// not positive normal floats (XNNPACK), one line per blob naming the value, the scale's
+/// index and what it holds. Unlike `defects`, this reads every scale blob's bytes (a tenth
+/// of a 4-bit model's), so `ptefs check` asks for it and a mount's warnings do not.
+pub fn value_defects(model: &Model, payloads: &Payloads) -> Vec<Defect> {
+    let places = Places {
+        names: Names::of(model),
+    };
+    let mut out = Vec::new();
+    for (&(p, j), dec) in payloads.iter() {
+        for b in dec.payload.blobs() {
+            if let Some(why) = refused_bytes(model, dec, &b) {
+                let what = format!("value %{} ({}) scales", b.value, b.describe);
+                let d = Defect::new(
+                    "stored_value",
+                    format!("{}: {what}: {why}", delegate_place(model, p, j)),
+                )
+                .in_file(model, 0);
+                out.push(match places.delegate(p, j) {
+                    Some(path) => d.at(format!(
+                        "{}{}/values/{}.json",
+                        path.trim_end_matches("delegate.json"),
+                        dec.payload.backend().dir_name(),
+                        b.value
+                    )),
+                    None => d,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Why the backend refuses what blob `b` of `dec` holds now, when its bytes are at hand.
+/// Only the bytes the graph needs are read (a blob may be larger than that).
+fn refused_bytes(model: &Model, dec: &Decoded, b: &Blob) -> Option<String> {
+    if b.role != KeyRole::Scale {
+        return None;
+    }
+    let at = dec.locate(model, &b.bytes)?;
+    let at = Location {
+        file: at.file,
+        range: at.range.prefix(b.expected?.min(at.range.len())),
+    };
+    let bytes = model.files[at.file].read_at(&at).ok()?;
+    dec.payload.check_blob(b, &bytes).err()
 }
 
 /// EXTERNAL tensors of a program mounted without any data file: the runtime cannot load
@@ -400,10 +453,10 @@ fn unattached_external(model: &Model, places: &Places) -> Vec<Defect> {
         }
         out.push(
             Defect::new("external_unattached", format!(
-                "plan {p} (\"{}\"): {} EXTERNAL tensor(s) (\"{}\"{}) need a .ptd data file, and none is attached (the runtime cannot load this method without one)",
-                plans[p].name.as_deref().unwrap_or(""),
+                "plan {p} ({}): {} EXTERNAL tensor(s) ({}{}) need a .ptd data file, and none is attached (the runtime cannot load this method without one)",
+                quote::name(plans[p].name.as_deref().unwrap_or("")),
                 keys.len(),
-                keys[0],
+                quote::name(keys[0]),
                 if keys.len() > 1 { ", …" } else { "" }
             ))
             .in_file(model, 0)
@@ -538,9 +591,10 @@ pub fn data_beside(model: &Model) -> Option<String> {
             .find(|k| remaining.contains(k.as_str()))
             .expect("a key remains");
         format!(
-            "{found} of the {} missing keys (no .ptd beside it has the other {}, such as \"{example}\")",
+            "{found} of the {} missing keys (no .ptd beside it has the other {}, such as {})",
             missing.len(),
-            remaining.len()
+            remaining.len(),
+            quote::name(example)
         )
     };
     Some(format!(
@@ -641,7 +695,10 @@ fn check_index(out: &mut Sink, place: &str, what: &str, index: i64, len: usize) 
 }
 
 fn check_plan(p: usize, plan: &pte_fb::ExecutionPlanT, places: &Places, all: &mut Vec<Defect>) {
-    let place = format!("plan {p} (\"{}\")", plan.name.as_deref().unwrap_or(""));
+    let place = format!(
+        "plan {p} ({})",
+        quote::name(plan.name.as_deref().unwrap_or(""))
+    );
     let plan_path = places.plan(p);
     let out = &mut Sink {
         out: all,

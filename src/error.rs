@@ -38,9 +38,12 @@ fn default_level(errno: i32) -> log::Level {
         | libc::ENOTDIR
         | libc::EBADF
         | libc::ENOTEMPTY => log::Level::Info,
-        libc::EINVAL | libc::EFBIG | libc::ENOSPC | libc::ENAMETOOLONG | libc::EBUSY => {
-            log::Level::Warn
-        }
+        libc::EINVAL
+        | libc::EFBIG
+        | libc::ENOSPC
+        | libc::EDQUOT
+        | libc::ENAMETOOLONG
+        | libc::EBUSY => log::Level::Warn,
         _ => log::Level::Error,
     }
 }

@@ -122,6 +122,10 @@ struct MountArgs {
     max_nodes: Option<u64>,
     #[command(flatten)]
     remote: RemoteArgs,
+    /// The largest size a named blob, a delegate payload or a scratch file may be given
+    /// (bytes, or with K, M, G, T); default: what the file system's free space allows
+    #[arg(long, value_name = "SIZE", value_parser = commands::mount::parse_size)]
+    max_file_size: Option<u64>,
 }
 
 #[derive(Subcommand)]
@@ -327,6 +331,7 @@ fn run(command: Command) -> ExitCode {
             verbose: a.verbose,
             log_file: a.log_file,
             max_nodes: a.max_nodes,
+            max_file_size: a.max_file_size,
         })),
         Command::Umount { mountpoint } => exit_code(commands::umount(&mountpoint)),
         Command::Ls {
@@ -359,8 +364,8 @@ fn run(command: Command) -> ExitCode {
             max_nodes,
             ..
         } => exit_code(
-            commands::open_fs_limited(&file, &data, max_nodes).and_then(|fs| {
-                commands::info::info_as(&fs, commands::info::InfoFormat { sizes, json }, &mut out)
+            commands::open_catalog_limited(&file, &data, max_nodes).and_then(|c| {
+                commands::info::info_as(&c, commands::info::InfoFormat { sizes, json }, &mut out)
             }),
         ),
         Command::Apply {

@@ -15,7 +15,7 @@ use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestR
 
 use common::{copy_fixture, open, pattern, replace, top_fixtures, Copied};
 use ptefs::format::{Model, WriteTarget};
-use ptefs::fs::{Fs, RenameMode, SetAttr};
+use ptefs::fs::{Fs, RenameMode, SetAttr, SizeLimits};
 use ptefs::tree::{Content, Ino, Tree};
 
 /// Every fixture of `tests/fixtures` (not `extra`), by file name.
@@ -83,6 +83,16 @@ fn raw_writable(tree: &Tree) -> Vec<(String, ptefs::format::layout::Location, bo
     out
 }
 
+/// `pattern` with every byte in 0x30..0x50: every fp32 and bf16 value in it is a positive
+/// normal float, which XNNPACK accepts as a scale (some of the files written here hold a
+/// filter's scales, and scales it refuses are refused).
+fn raw_content(len: usize, seed: u8) -> Vec<u8> {
+    pattern(len, seed)
+        .into_iter()
+        .map(|b| 0x30 + b % 0x20)
+        .collect()
+}
+
 #[test]
 fn same_size_edit_of_every_writable_file_replaces_exactly_its_range() {
     for name in fixtures() {
@@ -101,7 +111,7 @@ fn same_size_edit_of_every_writable_file_replaces_exactly_its_range() {
             }
             let mut expected: Vec<Vec<u8>> =
                 files.iter().map(|f| std::fs::read(f).unwrap()).collect();
-            let new = pattern(loc.range.len() as usize, seed as u8 + 1);
+            let new = raw_content(loc.range.len() as usize, seed as u8 + 1);
             replace(&fs, path, &new).unwrap_or_else(|e| panic!("{name} {path}: {e}"));
             expected[loc.file][loc.range.as_usize()].copy_from_slice(&new);
             for (f, want) in files.iter().zip(&expected) {
@@ -448,7 +458,7 @@ fn size_changes_relayout_and_keep_other_segments() {
                 let table_before = table_json(&fs);
                 let mode_before = std::fs::metadata(&file).unwrap();
                 let new_len = (loc.range.len() as i64 + grow).max(0) as usize;
-                let new = pattern(new_len, k as u8 + 3);
+                let new = raw_content(new_len, k as u8 + 3);
                 replace(&fs, &path, &new).unwrap_or_else(|e| panic!("{name} {path} {grow}: {e}"));
                 let after = segments(&file);
                 assert_eq!(before.len(), after.len(), "{name} {path}");
@@ -920,10 +930,23 @@ fn sizes_a_file_can_never_have_are_refused_at_the_request() {
         truncate(&fs, ino, 1 << 40).unwrap_err().errno(),
         libc::EFBIG
     );
-    // A scratch file has a documented limit too.
+    // A scratch file is bounded by what its user may hold (twice the model and 1 GiB)...
     let values = fs.tree().find("plans/forward/values").unwrap();
     let s = fs.create(values, "big", libc::O_WRONLY).unwrap().1.fh;
-    assert_eq!(fs.write(s, 1 << 40, b"x").unwrap_err().errno(), libc::EFBIG);
+    let e = fs.write(s, 1 << 40, b"x").unwrap_err();
+    assert_eq!(e.errno(), libc::EDQUOT, "{e}");
+    fs.release(s).unwrap();
+    drop(fs);
+    // ...and with a mount's --max-file-size, scratch files, blobs and payloads by that.
+    let fs = open(&c, false).with_size_limits(SizeLimits {
+        max_file_size: Some(1 << 20),
+        ..SizeLimits::default()
+    });
+    let s = fs.create(values, "big", libc::O_WRONLY).unwrap().1.fh;
+    let e = fs.write(s, 1 << 20, b"x").unwrap_err();
+    assert_eq!(e.errno(), libc::EFBIG, "{e}");
+    assert!(e.to_string().contains("limited by --max-file-size"), "{e}");
+    fs.write(s, (1 << 20) - 1, b"x").unwrap();
     fs.release(s).unwrap();
     assert_eq!(std::fs::read(&c.model).unwrap(), before);
 }

@@ -687,7 +687,9 @@ fn sizes_a_file_can_never_have_fail_at_the_request_and_the_daemon_lives() {
     if fuse_missing() {
         return;
     }
-    let m = Mount::new(&linear(), &[], &[]);
+    // Scratch files are bounded by --max-file-size here (without it, by what one user may
+    // hold: EDQUOT).
+    let m = Mount::new(&linear(), &[], &["--max-file-size", "1G"]);
     let before = std::fs::read(&m.model).unwrap();
     let t = m.path(TENSOR);
     let scratch = m.path("plans/forward/values/scratch");

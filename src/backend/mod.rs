@@ -105,6 +105,12 @@ pub trait Payload: Send + Sync + fmt::Debug {
     /// Every blob the graph reads (constants and scale blobs), in value order, with what
     /// each must hold.
     fn blobs(&self) -> Vec<Blob>;
+    /// Why the runtime would refuse `new` as the bytes of `blob` (one of `blobs()`), naming
+    /// the first value at fault and its index ("scale 2 is 0 (zero)"); Ok for bytes it takes
+    /// as they are (weights). Writes that land on a blob are checked with this before
+    /// anything is written, and `check` reports stored blobs it refuses
+    /// (docs/writes.md#quantization-parameters).
+    fn check_blob(&self, blob: &Blob, new: &[u8]) -> std::result::Result<(), String>;
     /// The new bytes that make `body` (`numel` little-endian float32 values, the float
     /// view's shape) the value of value `id`: the constant's bytes and whatever must change
     /// with them (scales, a bias in the filter's units). Nothing is written here; the caller

@@ -78,6 +78,14 @@ impl FloatView {
         npy::header_from_dims("<f4", self.layout.shape().into_iter())
     }
 
+    /// Whether the bytes at hand hold what the view reads: at least the data and scale bytes
+    /// its layout needs. A view that is not backed (dims far larger than the constant's
+    /// bytes, from a damaged or crafted payload) could only fail every read.
+    pub fn backed(&self) -> bool {
+        self.data.range.len() >= self.layout.data_nbytes()
+            && self.scales.map_or(0, |l| l.range.len()) >= self.layout.scale_nbytes()
+    }
+
     /// The byte ranges of the model files the view is computed from.
     pub fn sources(&self) -> impl Iterator<Item = Location> + '_ {
         std::iter::once(self.data).chain(self.scales)

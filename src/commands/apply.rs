@@ -22,6 +22,7 @@ use crate::format::safetensors::HeaderBound;
 use crate::format::target::WeightsView;
 use crate::format::Model;
 use crate::host::claims;
+use crate::quote;
 
 /// What `ptefs apply` was asked.
 #[derive(Debug, Clone)]
@@ -90,7 +91,10 @@ pub fn apply(req: &ApplyRequest, out: &mut dyn Write) -> Result<bulk::Summary> {
     let header = bulk::read_header(source, &HeaderBound::of(&entries))
         .map_err(|e| e.context(req.update.display()))?;
     let (plan, summary) = bulk::plan_header(model, &entries, &header, source, None)
-        .and_then(|(plan, summary)| Ok((edit::identity::separate(model, plan)?, summary)))
+        .and_then(|(plan, summary)| {
+            edit::params::check(&catalog, &plan)?;
+            Ok((edit::identity::separate(model, plan)?, summary))
+        })
         .map_err(|e| e.context(req.update.display()))?;
     if !req.dry_run {
         for f in plan.files() {
@@ -117,11 +121,12 @@ fn report(summary: &bulk::Summary, dry_run: bool, out: &mut dyn Write) -> std::i
     } else {
         ("changed", "written")
     };
+    // Names come from the model and the update: escaped, as `ptefs ls` shows them.
     for name in &summary.changed {
-        writeln!(out, "{changed}\t{name}")?;
+        writeln!(out, "{changed}\t{}", quote::listed(name))?;
     }
     for name in &summary.unchanged {
-        writeln!(out, "unchanged\t{name}")?;
+        writeln!(out, "unchanged\t{}", quote::listed(name))?;
     }
     writeln!(
         out,

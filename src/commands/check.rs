@@ -10,6 +10,7 @@ use crate::catalog::names::{Names, Part, NAME_MAX};
 use crate::check::Defect;
 use crate::edit::recovery::interrupted_commits;
 use crate::format::Model;
+use crate::quote;
 use crate::tree::DEFAULT_MAX_NODES;
 
 /// Every defect of the files, one a line; empty when the files are sound.
@@ -59,7 +60,9 @@ pub fn check_report(file: &Path, data: &[PathBuf], max_nodes: u64) -> CheckRepor
                 let refusal = crate::tree::build::too_many_nodes(&model, nodes, max_nodes);
                 out.push(Defect::new("too_many_nodes", refusal.to_string()).in_file(&model, 0));
             } else {
-                out.extend(crate::check::found(&model));
+                let payloads = crate::catalog::Payloads::decode(&model);
+                out.extend(crate::check::found_with(&model, &payloads));
+                out.extend(crate::check::value_defects(&model, &payloads));
                 out.extend(shortened(&model));
                 report.advice.extend(crate::check::data_beside(&model));
             }
@@ -113,7 +116,7 @@ pub fn shortened(model: &Model) -> Vec<Defect> {
         };
         let message = format!(
             "{what} {} ({} bytes) is longer than a file name can be ({NAME_MAX} bytes with its extension): the tree shows it as {shown}",
-            abbreviated(&s.full),
+            quote::abbreviated(&s.full),
             s.full.len(),
         );
         out.push(
@@ -123,25 +126,4 @@ pub fn shortened(model: &Model) -> Vec<Defect> {
         );
     }
     out
-}
-
-/// A name as a JSON string, its middle left out when it is long.
-fn abbreviated(name: &str) -> String {
-    const SHOWN: usize = 60;
-    if name.len() <= 2 * SHOWN {
-        return serde_json::Value::from(name).to_string();
-    }
-    let mut head = SHOWN;
-    while !name.is_char_boundary(head) {
-        head -= 1;
-    }
-    let mut tail = name.len() - SHOWN;
-    while !name.is_char_boundary(tail) {
-        tail += 1;
-    }
-    format!(
-        "{}…{}",
-        serde_json::Value::from(&name[..head]),
-        serde_json::Value::from(&name[tail..])
-    )
 }

@@ -19,6 +19,7 @@ use std::io::Write;
 use serde_json::{json, Value};
 
 use crate::backend::{self, BACKENDS};
+use crate::catalog::Catalog;
 use crate::error::Result;
 use crate::format::generated::pte_fb;
 use crate::format::layout::{DataKind, FileIndex, Location};
@@ -29,7 +30,6 @@ use crate::format::{scalar_type, Kind, Model};
 use crate::fs::Fs;
 use crate::sizes::Sizes;
 use crate::tree::render::{io_value, kernel_type_name, signature_dims};
-use crate::tree::Tree;
 
 use super::output;
 
@@ -130,13 +130,13 @@ pub struct InfoFormat {
     pub json: bool,
 }
 
-/// `ptefs info` of the files of `fs`, in `format`.
-pub fn info_as(fs: &Fs, format: InfoFormat, out: &mut dyn Write) -> Result<()> {
+/// `ptefs info` of the files of `catalog`, in `format`.
+pub fn info_as(catalog: &Catalog, format: InfoFormat, out: &mut dyn Write) -> Result<()> {
     let text = match (format.sizes, format.json) {
-        (false, false) => return info(fs, out),
-        (false, true) => json_text(&info_json(fs)),
+        (false, false) => return info_of(catalog, out),
+        (false, true) => json_text(&info_json(catalog)),
         (true, json) => {
-            let sizes = Sizes::of(&fs.tree().catalog)?;
+            let sizes = Sizes::of(catalog)?;
             if json {
                 sizes.json_text()
             } else {
@@ -155,14 +155,20 @@ fn json_text(v: &Value) -> String {
 
 /// A one-screen summary of the files of `fs`.
 pub fn info(fs: &Fs, out: &mut dyn Write) -> Result<()> {
-    let tree = fs.tree();
-    let model = &tree.model;
+    info_of(&fs.tree().catalog, out)
+}
+
+/// A one-screen summary of the files of `catalog`: what `info` prints, without building a
+/// tree (whose nodes a file of millions of values would make cost far more than the
+/// summary).
+pub fn info_of(catalog: &Catalog, out: &mut dyn Write) -> Result<()> {
+    let model = &catalog.model;
     let mut s = String::new();
     let main = &model.files[0];
     let _ = writeln!(s, "file: {}", main.path.display());
     let _ = writeln!(s, "size: {}", human(main.len()));
     match &main.kind {
-        Kind::Pte(pte) => pte_info(&tree, pte, &mut s),
+        Kind::Pte(pte) => pte_info(catalog, pte, &mut s),
         Kind::Ptd(ptd) => {
             s.push_str("kind: .ptd data file (FT01)\n");
             let h = &ptd.header;
@@ -172,15 +178,15 @@ pub fn info(fs: &Fs, out: &mut dyn Write) -> Result<()> {
                 h.length, h.flatbuffer_offset, h.flatbuffer_size, h.segment_base_offset, h.segment_data_size
             );
             let _ = writeln!(s, "named data: {}", ptd_summary(model, 0, ptd));
-            named_data_table(&tree, &mut s);
+            named_data_table(catalog, &mut s);
         }
     }
-    data_files(&tree, &mut s);
+    data_files(catalog, &mut s);
     out.write_all(s.as_bytes()).map_err(output)
 }
 
-fn pte_info(tree: &Tree, pte: &Pte, s: &mut String) {
-    let model = &*tree.model;
+fn pte_info(catalog: &Catalog, pte: &Pte, s: &mut String) {
+    let model = &*catalog.model;
     s.push_str("kind: .pte program (ET12)\n");
     match pte.header.extended {
         Some(e) => {
@@ -198,7 +204,7 @@ fn pte_info(tree: &Tree, pte: &Pte, s: &mut String) {
     let plans = pte.program.execution_plan.as_deref().unwrap_or_default();
     let _ = writeln!(s, "plans: {}", plans.len());
     for (p, plan) in plans.iter().enumerate().take(PLANS_SHOWN) {
-        plan_info(tree, p, plan, s);
+        plan_info(catalog, p, plan, s);
     }
     if plans.len() > PLANS_SHOWN {
         let _ = writeln!(
@@ -208,9 +214,9 @@ fn pte_info(tree: &Tree, pte: &Pte, s: &mut String) {
         );
     }
     tensor_table(model, s);
-    named_data_table(tree, s);
+    named_data_table(catalog, s);
     for b in BACKENDS {
-        payload_table(tree, *b, s);
+        payload_table(catalog, *b, s);
     }
     let _ = writeln!(s, "segments: {}", pte_segments(pte));
 }
@@ -245,8 +251,8 @@ fn is_constant_method(plan: &pte_fb::ExecutionPlanT) -> bool {
 }
 
 /// Instructions in all chains of `plan`.
-fn plan_info(tree: &Tree, p: usize, plan: &pte_fb::ExecutionPlanT, s: &mut String) {
-    let model = &*tree.model;
+fn plan_info(catalog: &Catalog, p: usize, plan: &pte_fb::ExecutionPlanT, s: &mut String) {
+    let model = &*catalog.model;
     let name = plan.name.as_deref().unwrap_or("");
     let instructions = crate::format::pte::instruction_count(plan);
     let inputs = plan.inputs.as_deref().unwrap_or_default();
@@ -295,7 +301,11 @@ fn plan_info(tree: &Tree, p: usize, plan: &pte_fb::ExecutionPlanT, s: &mut Strin
         }
     }
     if !delegates.is_empty() {
-        let _ = writeln!(s, "    delegates: {}", delegate_summary(tree, p, delegates));
+        let _ = writeln!(
+            s,
+            "    delegates: {}",
+            delegate_summary(catalog, p, delegates)
+        );
     }
 }
 
@@ -332,12 +342,12 @@ fn io_text(plan: &pte_fb::ExecutionPlanT, index: i32) -> String {
 }
 
 /// `XnnpackBackend 5 (5 decoded)`: the delegates of plan `p` by backend id.
-fn delegate_summary(tree: &Tree, p: usize, delegates: &[pte_fb::BackendDelegateT]) -> String {
+fn delegate_summary(catalog: &Catalog, p: usize, delegates: &[pte_fb::BackendDelegateT]) -> String {
     let mut by_id: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
     for (j, d) in delegates.iter().enumerate() {
         let e = by_id.entry(d.id.as_deref().unwrap_or("")).or_default();
         e.0 += 1;
-        if tree.catalog.payloads.get(p, j).is_some() {
+        if catalog.payloads.get(p, j).is_some() {
             e.1 += 1;
         }
     }
@@ -404,24 +414,26 @@ fn tensor_table(model: &Model, s: &mut String) {
 
 /// What one named-data entry holds: its tensor layout's dtype, else what the decoded XNNPACK
 /// payloads read it as, else `(blob)`.
-fn named_label(tree: &Tree, file: FileIndex, k: usize, key: &str, layout: Option<i8>) -> String {
+fn named_label(
+    catalog: &Catalog, file: FileIndex, k: usize, key: &str, layout: Option<i8>,
+) -> String {
     if let Some(st) = layout {
         return scalar_type::display(st);
     }
     // A key found first in another file is read there: its uses are not this entry's.
-    let read_here = tree
+    let read_here = catalog
         .model
         .named_blob(key)
         .is_some_and(|(f, i, _)| (f, i) == (file, k));
-    match tree.catalog.payloads.uses_of(key).first() {
+    match catalog.payloads.uses_of(key).first() {
         Some(u) if read_here => u.describe(),
         _ => "(blob)".to_string(),
     }
 }
 
 /// Named data of every file (the program's and each data file's), by what it holds.
-fn named_data_counts(tree: &Tree) -> Table {
-    let model = &*tree.model;
+fn named_data_counts(catalog: &Catalog) -> Table {
+    let model = &*catalog.model;
     let mut table = Table::default();
     for (f, file) in model.files.iter().enumerate() {
         match &file.kind {
@@ -433,14 +445,14 @@ fn named_data_counts(tree: &Tree) -> Table {
                 for (k, (nd, loc)) in entries.iter().zip(&layout.named_data).enumerate() {
                     let key = nd.key.as_deref().unwrap_or("");
                     let at = loc.as_ref().ok().map(|l| Bytes::At(*l));
-                    table.add(named_label(tree, f, k, key, None), at);
+                    table.add(named_label(catalog, f, k, key, None), at);
                 }
             }
             Kind::Ptd(_) => {
                 for (k, b) in model.ptd_blobs[f].iter().flatten().enumerate() {
                     let layout = b.tensor.as_ref().map(|t| t.scalar_type);
                     let at = b.location.as_ref().ok().map(|l| Bytes::At(*l));
-                    table.add(named_label(tree, f, k, &b.key, layout), at);
+                    table.add(named_label(catalog, f, k, &b.key, layout), at);
                 }
             }
         }
@@ -448,13 +460,13 @@ fn named_data_counts(tree: &Tree) -> Table {
     table
 }
 
-fn named_data_table(tree: &Tree, s: &mut String) {
-    let title = if tree.model.files.len() > 1 {
+fn named_data_table(catalog: &Catalog, s: &mut String) {
+    let title = if catalog.model.files.len() > 1 {
         "named data by dtype (keys, distinct bytes), in the program and its data files"
     } else {
         "named data by dtype (keys, distinct bytes)"
     };
-    named_data_counts(tree).write(title, s);
+    named_data_counts(catalog).write(title, s);
 }
 
 /// The constants of the decoded payloads of one backend, by datatype.
@@ -469,8 +481,8 @@ struct PayloadCounts {
 
 /// The constants of every decoded payload of `backend` by datatype, and their scale blobs;
 /// None when no delegate is of this backend.
-fn payload_counts(tree: &Tree, backend: &dyn backend::Backend) -> Option<PayloadCounts> {
-    let model = &*tree.model;
+fn payload_counts(catalog: &Catalog, backend: &dyn backend::Backend) -> Option<PayloadCounts> {
+    let model = &*catalog.model;
     let payloads = model
         .pte()
         .and_then(|p| p.program.execution_plan.as_deref())
@@ -488,8 +500,7 @@ fn payload_counts(tree: &Tree, backend: &dyn backend::Backend) -> Option<Payload
         decoded: 0,
         unresolved: 0,
     };
-    let ours = tree
-        .catalog
+    let ours = catalog
         .payloads
         .iter()
         .filter(|(_, d)| d.payload.backend().id() == backend.id());
@@ -515,8 +526,8 @@ fn payload_counts(tree: &Tree, backend: &dyn backend::Backend) -> Option<Payload
 }
 
 /// The constants of every decoded payload of `backend` by datatype, and their scale blobs.
-fn payload_table(tree: &Tree, backend: &dyn backend::Backend, s: &mut String) {
-    let Some(c) = payload_counts(tree, backend) else {
+fn payload_table(catalog: &Catalog, backend: &dyn backend::Backend, s: &mut String) {
+    let Some(c) = payload_counts(catalog, backend) else {
         return;
     };
     let name = backend.display_name();
@@ -654,10 +665,10 @@ fn ptd_summary(model: &Model, file: FileIndex, ptd: &Ptd) -> String {
     )
 }
 
-/// One line per attached data file: its name, where the tree shows it, its size and what it
+/// One line per attached data file: its name, where the catalog shows it, its size and what it
 /// holds.
-fn data_files(tree: &Tree, s: &mut String) {
-    let model = &*tree.model;
+fn data_files(catalog: &Catalog, s: &mut String) {
+    let model = &*catalog.model;
     let data = &model.files[1..];
     if data.is_empty() {
         return;
@@ -673,7 +684,7 @@ fn data_files(tree: &Tree, s: &mut String) {
             s,
             "  {} ({}): {}, {holds}",
             crate::catalog::payloads::file_name(model, f),
-            tree.catalog.names.file_prefix(f),
+            catalog.names.file_prefix(f),
             human(file.len()),
         );
     }
@@ -686,9 +697,8 @@ fn data_files(tree: &Tree, s: &mut String) {
 pub const JSON_VERSION: u64 = 1;
 
 /// `ptefs info --json`: the facts of the summary, unabridged (docs/commands.md#info---json).
-pub fn info_json(fs: &Fs) -> Value {
-    let tree = fs.tree();
-    let model = &*tree.model;
+pub fn info_json(catalog: &Catalog) -> Value {
+    let model = &*catalog.model;
     let main = &model.files[0];
     let mut out = serde_json::Map::new();
     out.insert("version".into(), json!(JSON_VERSION));
@@ -714,7 +724,7 @@ pub fn info_json(fs: &Fs) -> Value {
             let plans: Vec<Value> = plans
                 .iter()
                 .enumerate()
-                .map(|(p, plan)| plan_json(&tree, p, plan))
+                .map(|(p, plan)| plan_json(catalog, p, plan))
                 .collect();
             out.insert("plans".into(), Value::Array(plans));
             let (table, missing, missing_bytes) =
@@ -724,11 +734,11 @@ pub fn info_json(fs: &Fs) -> Value {
                 "external_missing".into(),
                 json!({ "tensors": missing, "bytes": missing_bytes }),
             );
-            out.insert("named_data".into(), named_data_counts(&tree).json());
+            out.insert("named_data".into(), named_data_counts(catalog).json());
             let backends: Vec<Value> = BACKENDS
                 .iter()
                 .filter_map(|b| {
-                    let c = payload_counts(&tree, *b)?;
+                    let c = payload_counts(catalog, *b)?;
                     Some(json!({
                         "backend": b.display_name(),
                         "id": b.id(),
@@ -767,7 +777,7 @@ pub fn info_json(fs: &Fs) -> Value {
                 }),
             );
             out.insert("holds".into(), ptd_counts(model, 0, ptd).json());
-            out.insert("named_data".into(), named_data_counts(&tree).json());
+            out.insert("named_data".into(), named_data_counts(catalog).json());
         }
     }
     let data: Vec<Value> = model.files[1..]
@@ -777,7 +787,7 @@ pub fn info_json(fs: &Fs) -> Value {
             let f = f + 1;
             json!({
                 "path": file.path.display().to_string(),
-                "tree": tree.catalog.names.file_prefix(f),
+                "tree": catalog.names.file_prefix(f),
                 "size": file.len(),
                 "holds": match &file.kind {
                     Kind::Ptd(ptd) => ptd_counts(model, f, ptd).json(),
@@ -791,14 +801,14 @@ pub fn info_json(fs: &Fs) -> Value {
 }
 
 /// One plan of `info --json`.
-fn plan_json(tree: &Tree, p: usize, plan: &pte_fb::ExecutionPlanT) -> Value {
-    let model = &*tree.model;
+fn plan_json(catalog: &Catalog, p: usize, plan: &pte_fb::ExecutionPlanT) -> Value {
+    let model = &*catalog.model;
     let (n, consts, muts, ext) = tensor_kinds(model, p);
     let mut by_id: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
     for (j, d) in plan.delegates.iter().flatten().enumerate() {
         let e = by_id.entry(d.id.as_deref().unwrap_or("")).or_default();
         e.0 += 1;
-        if tree.catalog.payloads.get(p, j).is_some() {
+        if catalog.payloads.get(p, j).is_some() {
             e.1 += 1;
         }
     }

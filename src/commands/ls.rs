@@ -5,6 +5,7 @@ use std::io::Write;
 use super::{find, output};
 use crate::error::Result;
 use crate::fs::{Attr, FileType, Fs};
+use crate::quote;
 
 fn mode_string(a: &Attr) -> String {
     let mut s = String::with_capacity(10);
@@ -22,16 +23,19 @@ fn mode_string(a: &Attr) -> String {
     s
 }
 
+/// One line of a listing. A name with control characters is shown as a JSON string
+/// (`quote::listed`), so it can neither break the listing into lines nor drive the terminal.
 fn entry_line(name: &str, a: &Attr, long: bool) -> String {
     let shown = if a.kind == FileType::Directory {
         format!("{name}/")
     } else {
         name.to_string()
     };
+    let shown = quote::listed(&shown);
     if long {
         format!("{} {:>12} {shown}", mode_string(a), a.size)
     } else {
-        shown
+        shown.into_owned()
     }
 }
 

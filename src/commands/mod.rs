@@ -5,7 +5,8 @@
 //! `crate::edit::recovery`.
 //!
 //! Invariant: a command never reads a model otherwise than a mount would: the offline ones
-//! walk the same `Tree` and read through the same `fs::Fs`.
+//! walk the same `Tree` and read through the same `fs::Fs` (`info` summarizes the same
+//! `Catalog`, without the tree).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -30,6 +31,7 @@ pub use mount::{mount, MountRequest};
 pub use recover::recover;
 pub use umount::umount;
 
+use crate::catalog::{Catalog, Payloads};
 use crate::edit::recovery::interrupted_commits;
 use crate::error::{Error, Result};
 use crate::format::Model;
@@ -52,6 +54,23 @@ pub fn open_fs_limited(file: &Path, data: &[PathBuf], max_nodes: u64) -> Result<
         Tree::build_limited(Arc::new(model), max_nodes)?,
         Options { read_only: true },
     ))
+}
+
+/// The catalog of `file` (with `data` attached), without its tree, refused when the tree
+/// would have more than `max_nodes` nodes (as `open_fs_limited` refuses it): what `info`
+/// summarizes.
+pub fn open_catalog_limited(file: &Path, data: &[PathBuf], max_nodes: u64) -> Result<Catalog> {
+    for warning in interrupted_commits(file, data) {
+        log::warn!("{warning}");
+        eprintln!("ptefs: warning: {warning}");
+    }
+    let model = Model::open(file, data)?;
+    let payloads = Payloads::decode(&model);
+    let nodes = crate::tree::build::node_count_with(&model, &payloads);
+    if nodes > max_nodes {
+        return Err(crate::tree::build::too_many_nodes(&model, nodes, max_nodes));
+    }
+    Ok(Catalog::with_payloads(Arc::new(model), payloads))
 }
 
 fn find(fs: &Fs, path: &str) -> Result<Ino> {

@@ -16,6 +16,7 @@ use crate::edit::recovery;
 use crate::error::{Error, Result};
 use crate::format::model::remote_name;
 use crate::format::Model;
+use crate::fs::SizeLimits;
 use crate::host::{canonical_files, claims, mounts};
 use crate::tree::{Tree, DEFAULT_MAX_NODES};
 
@@ -38,6 +39,10 @@ pub struct MountRequest {
     /// Refuse files whose tree would have more nodes (`--max-nodes`); `None`: `-o max_nodes=`
     /// if given, else `DEFAULT_MAX_NODES`.
     pub max_nodes: Option<u64>,
+    /// The largest size a blob, a delegate payload or a scratch file may be given
+    /// (`--max-file-size`); `None`: `-o max_file_size=` if given, else what the file
+    /// system's free space allows.
+    pub max_file_size: Option<u64>,
 }
 
 /// What is in the way of a mount on `path`: a FUSE mount whose daemon has exited.
@@ -235,23 +240,61 @@ fn open_tree(file: &Path, data: &[PathBuf], read_only: bool, max_nodes: u64) -> 
     Tree::build_limited(Arc::new(model), max_nodes)
 }
 
-/// Takes ptefs's own `-o` options (`max_nodes=N`) out of the list given to FUSE.
-fn own_options(options: &[String]) -> Result<(Vec<String>, Option<u64>)> {
-    let mut max_nodes = None;
+/// ptefs's own `-o` options.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct OwnOptions {
+    max_nodes: Option<u64>,
+    max_file_size: Option<u64>,
+}
+
+/// A size in bytes, with an optional suffix K, M, G or T (powers of 1024).
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let (digits, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => {
+                    return Err(format!(
+                        "{s:?}: expected bytes, or a number with K, M, G or T"
+                    ))
+                }
+            };
+            (&t[..i], shift)
+        }
+        _ => (t, 0),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|e| format!("{s:?}: expected bytes, or a number with K, M, G or T ({e})"))?;
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{s:?}: more bytes than 64 bits hold"))
+}
+
+/// Takes ptefs's own `-o` options (`max_nodes=N`, `max_file_size=SIZE`) out of the list
+/// given to FUSE.
+fn own_options(options: &[String]) -> Result<(Vec<String>, OwnOptions)> {
+    let mut own = OwnOptions::default();
     let mut rest = Vec::new();
     for opt in options.iter().flat_map(|o| o.split(',')) {
-        match opt.trim().strip_prefix("max_nodes=") {
-            Some(n) => {
-                max_nodes = Some(n.parse::<u64>().map_err(|e| {
-                    Error::invalid(format!(
-                        "-o max_nodes={n}: expected a number of nodes ({e})"
-                    ))
-                })?);
-            }
-            None => rest.push(opt.to_string()),
+        let opt = opt.trim();
+        if let Some(n) = opt.strip_prefix("max_nodes=") {
+            own.max_nodes = Some(n.parse::<u64>().map_err(|e| {
+                Error::invalid(format!(
+                    "-o max_nodes={n}: expected a number of nodes ({e})"
+                ))
+            })?);
+        } else if let Some(n) = opt.strip_prefix("max_file_size=") {
+            own.max_file_size =
+                Some(parse_size(n).map_err(|e| Error::invalid(format!("-o max_file_size: {e}")))?);
+        } else {
+            rest.push(opt.to_string());
         }
     }
-    Ok((rest, max_nodes))
+    Ok((rest, own))
 }
 
 /// `ptefs mount`: returns once the mount is live (in the background) or once it is
@@ -287,8 +330,8 @@ pub fn mount(req: &MountRequest) -> Result<()> {
     for p in local() {
         mounts::refuse_if_mounted(p)?;
     }
-    let (fuse_options, o_max_nodes) = own_options(&req.options)?;
-    let max_nodes = req.max_nodes.or(o_max_nodes).unwrap_or(DEFAULT_MAX_NODES);
+    let (fuse_options, own) = own_options(&req.options)?;
+    let max_nodes = req.max_nodes.or(own.max_nodes).unwrap_or(DEFAULT_MAX_NODES);
     if let Some(url) = &remote {
         log::info!("{url}: a remote model is mounted read-only (writes fail with EROFS)");
     }
@@ -302,6 +345,13 @@ pub fn mount(req: &MountRequest) -> Result<()> {
         &shown,
         remote.is_some(),
     );
+    let settings = serve::Settings {
+        read_only,
+        limits: SizeLimits {
+            max_file_size: req.max_file_size.or(own.max_file_size),
+            ..SizeLimits::default()
+        },
+    };
     for p in local() {
         // Printed, unless the log itself goes to the terminal (foreground, or no syslog).
         if let Err(e) = recovery::recover(p, !req.foreground && !runtime_log) {
@@ -317,7 +367,7 @@ pub fn mount(req: &MountRequest) -> Result<()> {
         let warnings = warnings(&tree);
         return serve::serve(
             tree,
-            read_only,
+            settings,
             &config,
             &mountpoint,
             Ready::Foreground,
@@ -370,7 +420,7 @@ pub fn mount(req: &MountRequest) -> Result<()> {
             let warnings = warnings(&tree);
             serve::serve(
                 tree,
-                read_only,
+                settings,
                 &config,
                 &mountpoint,
                 ready,
@@ -378,5 +428,40 @@ pub fn mount(req: &MountRequest) -> Result<()> {
                 claims,
             )
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_take_suffixes_and_refuse_what_they_cannot_hold() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("4K"), Ok(4 << 10));
+        assert_eq!(parse_size("16g"), Ok(16 << 30));
+        assert_eq!(parse_size(" 2T "), Ok(2 << 40));
+        for bad in ["", "K", "1.5G", "-1", "12X", "99999999999T"] {
+            assert!(parse_size(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn own_options_leave_the_fuse_ones() {
+        let (rest, own) = own_options(&[
+            "allow_other,max_file_size=1M".to_string(),
+            "max_nodes=10,noexec".to_string(),
+        ])
+        .unwrap();
+        assert_eq!(rest, ["allow_other", "noexec"]);
+        assert_eq!(
+            own,
+            OwnOptions {
+                max_nodes: Some(10),
+                max_file_size: Some(1 << 20),
+            }
+        );
+        let e = own_options(&["max_file_size=lots".to_string()]).unwrap_err();
+        assert!(e.to_string().contains("-o max_file_size"), "{e}");
     }
 }

@@ -40,7 +40,7 @@ impl SideKind {
 
 /// Where a side's bytes are.
 pub enum Input {
-    Model(Catalog),
+    Model(Box<Catalog>),
     Checkpoint {
         source: Box<dyn ByteSource>,
         header: Header,
@@ -85,7 +85,7 @@ impl Side {
                 kind,
                 data: catalog.model.paths()[1..].to_vec(),
                 tensors,
-                input: Input::Model(catalog),
+                input: Input::Model(Box::new(catalog)),
             });
         }
         let full = local.path.clone();

@@ -14,7 +14,7 @@ use fuser::{Config, Session};
 
 use super::background::Ready;
 use crate::error::{Error, Result};
-use crate::fs::{Fs, Options};
+use crate::fs::{Fs, Options, SizeLimits};
 use crate::fuse::FuseFs;
 use crate::host::claims::{Claims, FileClaim, MountLock};
 use crate::host::mounts::{find_mount, unmount_path};
@@ -83,12 +83,20 @@ fn finished(warnings: Warnings) -> Vec<String> {
         .unwrap_or_else(|_| vec!["the model's check stopped with an internal error".into()])
 }
 
+/// How a mount serves its tree: read-only or not, and the sizes writes may take.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    pub read_only: bool,
+    pub limits: SizeLimits,
+}
+
 /// Mounts `tree` on `mountpoint`, reports through `ready` once the mount is live, with
 /// `warnings`, and serves until it is unmounted.
 pub fn serve(
-    tree: Tree, read_only: bool, config: &Config, mountpoint: &Path, ready: Ready,
+    tree: Tree, settings: Settings, config: &Config, mountpoint: &Path, ready: Ready,
     warnings: Warnings, claims: Vec<FileClaim>,
 ) -> Result<()> {
+    let Settings { read_only, limits } = settings;
     // Signals go to the signal thread only: block them before any thread starts.
     let set = signal_set();
     // SAFETY: changes this thread's mask; threads started later inherit it.
@@ -98,6 +106,7 @@ pub fn serve(
     let claims = Arc::new(Claims::new(claims));
     let fs = Arc::new(
         Fs::with_invalidator(tree, Options { read_only }, Arc::new(notices))
+            .with_size_limits(limits)
             .watched_by(claims.clone())
             .with_errors_file(),
     );

@@ -76,6 +76,34 @@ fn unique_name(prefix: &[u8]) -> Result<OsString> {
     Ok(OsString::from_vec(name))
 }
 
+/// Bytes the file system holding the open file or directory `f` has free for unprivileged
+/// users (`f_bavail`, what `df` shows as available): the blocks it keeps for root stay for
+/// root, though ptefs runs as root.
+pub fn free_space(f: &File) -> Result<u64> {
+    // SAFETY: `statvfs` is plain data, written whole by a successful call on a valid
+    // descriptor.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and a pointer to a statvfs.
+    if unsafe { libc::fstatvfs(f.as_raw_fd(), &mut st) } != 0 {
+        return Err(last_error("statvfs"));
+    }
+    #[allow(clippy::useless_conversion)] // fsblkcnt_t and c_ulong are u32 on some targets
+    Ok(u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize)))
+}
+
+/// Refuses with ENOSPC, naming the numbers, when `need` bytes are more than the file
+/// system of `f` (known as `place`) has free. `what` says what needs them.
+pub fn need_room(f: &File, place: &str, need: u64, what: &str) -> Result<()> {
+    let free = free_space(f)?;
+    if need > free {
+        return Err(Error::new(
+            libc::ENOSPC,
+            format!("{what}: {need} bytes, and the file system of {place} has {free} bytes free"),
+        ));
+    }
+    Ok(())
+}
+
 fn c_name(name: &OsStr) -> Result<CString> {
     CString::new(name.as_bytes())
         .map_err(|_| Error::invalid(format!("{name:?}: a file name with NUL")))
@@ -105,6 +133,17 @@ impl<'a> Beside<'a> {
     /// The model's directory, open.
     pub fn dir(&self) -> &File {
         self.dir
+    }
+
+    /// Refuses with ENOSPC when the model's file system has fewer than `need` bytes free
+    /// for `what` (docs/writes.md#sizes-and-free-space).
+    pub fn need_room(&self, need: u64, what: &str) -> Result<()> {
+        let place = self
+            .model
+            .path
+            .parent()
+            .map_or_else(|| ".".to_string(), |d| d.display().to_string());
+        need_room(self.dir, &place, need, what)
     }
 
     /// The model's file name in its directory.

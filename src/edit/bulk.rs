@@ -19,6 +19,7 @@ use crate::content::{Bytes, Source, Write};
 use crate::error::{Error, Result};
 use crate::format::safetensors::{self, Entry, Header, HeaderBound, TensorInfo};
 use crate::format::Model;
+use crate::quote;
 
 /// At most this many mismatches are spelled out in a refusal.
 const MISMATCHES_SHOWN: usize = 20;
@@ -79,10 +80,14 @@ pub fn match_entries<'e>(
     for t in &header.tensors {
         let found = by_name.get(t.name.as_str()).copied();
         let mut problem = match found {
-            None => format!("{:?}: no such tensor in this file", t.name),
+            None => format!("{}: no such tensor in this file", quote::name(&t.name)),
             Some(e) if e.dtype != t.dtype || e.shape != t.shape => format!(
-                "{:?}: expected {}{:?}, found {}{:?}",
-                t.name, e.dtype, e.shape, t.dtype, t.shape
+                "{}: expected {}{:?}, found {}{:?}",
+                quote::name(&t.name),
+                e.dtype,
+                e.shape,
+                t.dtype,
+                t.shape
             ),
             Some(e) => {
                 matched.push(e);
@@ -143,7 +148,9 @@ pub fn plan_header<'a>(
         // resident in the daemon.
         let same = new
             .equals_file_range(file, e.location.range.start(), &mut buf)
-            .map_err(|err| Error::io(format!("read \"{}\" from the model", e.name), err))?;
+            .map_err(|err| {
+                Error::io(format!("read {} from the model", quote::name(&e.name)), err)
+            })?;
         if same {
             summary.unchanged.push(t.name.clone());
         } else {

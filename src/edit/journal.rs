@@ -144,6 +144,14 @@ pub fn begin<'a>(model: &'a ModelFile, writes: &'a [RangeWrite<'a>]) -> Result<J
     }
 
     let name = journal_name(beside.model_name());
+    let journal_len = writes.iter().map(|(_, b)| b.len()).fold(
+        HEADER_LEN + RANGE_LEN * writes.len() as u64 + 4,
+        u64::saturating_add,
+    );
+    beside.need_room(
+        journal_len,
+        &format!("an in-place commit into {shown} first writes its journal beside it"),
+    )?;
     let journal = Journal::write(&beside, &name, file_len, writes)?;
     Ok(Journaled {
         model,

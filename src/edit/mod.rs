@@ -12,6 +12,7 @@ mod direct;
 mod float;
 pub mod identity;
 pub mod journal;
+pub mod params;
 pub mod plan;
 pub mod recovery;
 pub mod relayout;
@@ -28,6 +29,7 @@ use crate::format::range::ByteRange;
 use crate::format::{Model, WriteTarget};
 
 pub use crate::content::{Bytes, Source, Write};
+pub use beside::{free_space, need_room};
 pub use plan::{Change, Owner, Plan};
 pub use trust::describe as describe_file;
 

@@ -111,6 +111,15 @@ pub fn rewrite(
     };
     let beside = Beside::of(mf)?;
     beside.check_model_named()?;
+    // The whole new file is written before the old one goes (and a mount keeps the old one
+    // open until it maps the new one).
+    beside.need_room(
+        plan.base.saturating_add(plan.data_size),
+        &format!(
+            "re-laying {} out writes a new file of the whole model beside it",
+            mf.path.display()
+        ),
+    )?;
     let prefix = temp_prefix(beside.model_name());
     if let Some(out) = beside.create_unnamed()? {
         let shown = format!("the new (unnamed) file beside {}", mf.path.display());

@@ -105,8 +105,16 @@ fn in_place(location: Location, bytes: Source, of: Option<TensorId>) -> Plan {
     }
 }
 
-/// Decides how `data` becomes the new content of `target`, or why it cannot.
+/// Decides how `data` becomes the new content of `target`, or why it cannot: what the file
+/// accepts, then the quantization parameters the new bytes land on (`params`).
 pub fn plan<'a>(catalog: &Catalog, target: &WriteTarget, data: Source<'a>) -> Result<Plan<'a>> {
+    let plan = plan_target(catalog, target, data)?;
+    super::params::check(catalog, &plan)?;
+    Ok(plan)
+}
+
+/// What `target` accepts, and the plan for writing `data` there.
+fn plan_target<'a>(catalog: &Catalog, target: &WriteTarget, data: Source<'a>) -> Result<Plan<'a>> {
     let model = &*catalog.model;
     match target {
         WriteTarget::TensorBin {

@@ -13,6 +13,7 @@ use super::pte::Pte;
 use super::range::{checked_range, ByteRange};
 use super::scalar_type;
 use super::FormatError;
+use crate::quote;
 
 /// Which file holds a range: 0 is the model file itself, `k` the k-th attached `.ptd` (1-based).
 pub type FileIndex = usize;
@@ -130,8 +131,10 @@ pub struct TensorData {
 
 #[derive(Debug, Clone)]
 pub struct PlanLayout {
-    /// One entry per value; `None` for values that are not tensors.
-    pub tensors: Vec<Option<TensorData>>,
+    /// One entry per value; `None` for values that are not tensors. Boxed: a value costs a
+    /// pointer here, not the size of a tensor's facts, so a plan of millions of values that
+    /// are no tensors (4 bytes each in a crafted file) costs memory in proportion.
+    pub tensors: Vec<Option<Box<TensorData>>>,
     /// Per delegate: its payload's location or the defect.
     pub delegates: Vec<Result<Location, FormatError>>,
 }
@@ -181,8 +184,11 @@ impl std::fmt::Display for Place<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "plan {} (\"{}\") {} {}",
-            self.plan, self.name, self.item, self.index
+            "plan {} ({}) {} {}",
+            self.plan,
+            quote::name(self.name),
+            self.item,
+            self.index
         )
     }
 }
@@ -371,13 +377,15 @@ fn external_location(
     let (k, n) = match keys.get(fqn).map(Vec::as_slice) {
         None | Some([]) => {
             return Err(FormatError::new(format!(
-                "{place}: EXTERNAL tensor \"{fqn}\" not found in the attached data files"
+                "{place}: EXTERNAL tensor {} not found in the attached data files",
+                quote::name(fqn)
             )))
         }
         Some([one]) => *one,
         Some(_) => {
             return Err(FormatError::new(format!(
-                "{place}: key \"{fqn}\" appears in more than one data file"
+                "{place}: key {} appears in more than one data file",
+                quote::name(fqn)
             )))
         }
     };
@@ -388,31 +396,29 @@ fn external_location(
         .unwrap_or_default()[n];
     let layout = nd.tensor_layout.as_ref().ok_or_else(|| {
         FormatError::new(format!(
-            "{place}: key \"{fqn}\" in data file {} has no tensor_layout (the runtime needs one)",
+            "{place}: key {} in data file {} has no tensor_layout (the runtime needs one)",
+            quote::name(fqn),
             k + 1
         ))
     })?;
     let theirs = layout_shape(layout);
     if &theirs != shape {
         return Err(FormatError::new(format!(
-            "{place}: tensor layout of \"{fqn}\" differs: expected {} dim_order {:?}, found {} dim_order {:?}",
-            shape.describe(),
-            shape.dim_order,
-            theirs.describe(),
-            theirs.dim_order
-        )));
+            "{place}: tensor layout of {} differs: expected {} dim_order {:?}, found {} dim_order {:?}", quote::name(fqn), shape.describe(), shape.dim_order, theirs.describe(), theirs.dim_order)));
     }
     let ptd = data[k];
     let seg = ptd.segments.get(nd.segment_index as usize).ok_or_else(|| {
         FormatError::new(format!(
-            "{place}: \"{fqn}\" (named_data[{n}]) segment index {} out of range (expected < {})",
+            "{place}: {} (named_data[{n}]) segment index {} out of range (expected < {})",
+            quote::name(fqn),
             nd.segment_index,
             ptd.segments.len()
         ))
     })?;
     if seg.len() < len {
         return Err(FormatError::new(format!(
-            "{place}: segment of \"{fqn}\" too short: expected at least {len} bytes, found {}",
+            "{place}: segment of {} too short: expected at least {len} bytes, found {}",
+            quote::name(fqn),
             seg.len()
         )));
     }
@@ -482,7 +488,7 @@ pub fn locate_pte(pte: &Pte, data: &[&Ptd]) -> PteLayout {
                     item: "value",
                     index: i,
                 };
-                locate_tensor(pte, data, &keys, &place, t)
+                Box::new(locate_tensor(pte, data, &keys, &place, t))
             });
             if let Some(d) = t.as_ref().and_then(|t| t.defect.clone()) {
                 defects.push(d);
@@ -514,7 +520,8 @@ pub fn locate_pte(pte: &Pte, data: &[&Ptd]) -> PteLayout {
             .map(|r| Location { file: 0, range: *r })
             .ok_or_else(|| {
                 FormatError::new(format!(
-                    "named_data[{k}] (\"{key}\"): segment index {} out of range (expected < {})",
+                    "named_data[{k}] ({}): segment index {} out of range (expected < {})",
+                    quote::name(key),
                     nd.segment_index,
                     pte.segments.len()
                 ))
@@ -545,24 +552,17 @@ pub fn locate_ptd(ptd: &Ptd, file: FileIndex) -> Vec<NamedBlob> {
             .get(nd.segment_index as usize)
             .ok_or_else(|| {
                 FormatError::new(format!(
-                    "named_data[{k}] (\"{key}\"): segment index {} out of range (expected < {})",
-                    nd.segment_index,
-                    ptd.segments.len()
-                ))
+                    "named_data[{k}] ({}): segment index {} out of range (expected < {})", quote::name(&key), nd.segment_index, ptd.segments.len()))
             })
             .and_then(|seg| match &tensor {
                 None => Ok(Location { file, range: *seg }),
                 Some(shape) => {
                     let n = shape
                         .nbytes()
-                        .map_err(|e| FormatError::new(format!("named_data[{k}] (\"{key}\"): {e}")))?;
+                        .map_err(|e| FormatError::new(format!("named_data[{k}] ({}): {e}", quote::name(&key))))?;
                     if seg.len() < n {
                         return Err(FormatError::new(format!(
-                            "named_data[{k}] (\"{key}\"): segment {} too short for {}: expected at least {n} bytes, found {}",
-                            nd.segment_index,
-                            shape.describe(),
-                            seg.len()
-                        )));
+                            "named_data[{k}] ({}): segment {} too short for {}: expected at least {n} bytes, found {}", quote::name(&key), nd.segment_index, shape.describe(), seg.len())));
                     }
                     Ok(Location {
                         file,

@@ -73,6 +73,14 @@ where
     out
 }
 
+/// Bytes of the data of an array of `descr` (a type string such as `<f4` or `|V2`, whose
+/// item size follows its first two characters) shaped `shape`; None when that overflows or
+/// the type string has no item size.
+pub fn data_nbytes(descr: &str, shape: &[u64]) -> Option<u64> {
+    let itemsize: u64 = descr.get(2..)?.parse().ok()?;
+    shape.iter().try_fold(itemsize, |n, &d| n.checked_mul(d))
+}
+
 /// The longest header text NumPy reads without `allow_pickle` (`max_header_size`).
 pub const MAX_HEADER_TEXT: usize = 10_000;
 
@@ -105,10 +113,7 @@ impl ParsedHeader {
 
     /// How many data bytes NumPy reads for this header (none when that overflows).
     pub fn nbytes(&self) -> Option<u64> {
-        let itemsize: u64 = self.descr[2..].parse().ok()?;
-        self.shape
-            .iter()
-            .try_fold(itemsize, |n, &d| n.checked_mul(d))
+        data_nbytes(&self.descr, &self.shape)
     }
 }
 

@@ -27,6 +27,7 @@ use serde_json::{json, Map, Value};
 
 use super::scalar_type;
 use super::FormatError;
+use crate::quote;
 
 /// The largest JSON header accepted (the safetensors library's own limit).
 pub const MAX_HEADER: u64 = 100_000_000;
@@ -298,22 +299,27 @@ pub fn parse(head: &[u8], total: u64) -> Result<Header, FormatError> {
         reading: &mut reading,
     })
     .and_then(|()| de.end())
-    .map_err(|e| match &reading {
-        Some(name) => err(format!("{name:?}: {e}")),
-        None if e.is_syntax() || e.is_eof() => err(format!("not a JSON object: {e}")),
-        None => err(e.to_string()),
+    .map_err(|e| {
+        // serde's messages quote what they read, which may be megabytes.
+        let said = e.to_string();
+        let said = quote::clipped(&said);
+        match &reading {
+            Some(name) => err(format!("{}: {said}", quote::name(name))),
+            None if e.is_syntax() || e.is_eof() => err(format!("not a JSON object: {said}")),
+            None => err(said.into_owned()),
+        }
     })?;
     drop(reading);
 
     let mut names: Vec<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
     names.sort_unstable();
     if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
-        return Err(err(format!("{:?} appears more than once", w[0])));
+        return Err(err(format!("{} appears more than once", quote::name(w[0]))));
     }
     drop(names);
     for t in &tensors {
         t.check_size()
-            .map_err(|m| err(format!("{:?}: {m}", t.name)))?;
+            .map_err(|m| err(format!("{}: {m}", quote::name(&t.name))))?;
     }
     tensors.sort_by_key(|t| (t.begin, t.end));
     let data_len = total - hlen;
@@ -321,8 +327,9 @@ pub fn parse(head: &[u8], total: u64) -> Result<Header, FormatError> {
     for t in &tensors {
         if t.begin != at {
             return Err(err(format!(
-                "{:?}: data_offsets start at {}, expected {at} (tensors must be contiguous and not overlap)",
-                t.name, t.begin
+                "{}: data_offsets start at {}, expected {at} (tensors must be contiguous and not overlap)",
+                quote::name(&t.name),
+                t.begin
             )));
         }
         at = t.end;
@@ -521,7 +528,10 @@ impl<'de> Deserialize<'de> for DtypeName {
                     fn visit_str<E: de::Error>(self, s: &str) -> Result<Known, E> {
                         let names = DTYPES.map(|(n, _)| n).join(", ");
                         dtype_named(s).map(|(n, _)| Known(n)).ok_or_else(|| {
-                            E::custom(format!("unknown dtype {s:?} (expected one of {names})"))
+                            E::custom(format!(
+                                "unknown dtype {} (expected one of {names})",
+                                quote::name(s)
+                            ))
                         })
                     }
                 }

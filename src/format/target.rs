@@ -74,17 +74,39 @@ pub enum WeightsView {
     File(FileIndex),
 }
 
-/// The largest size a named blob, a delegate payload or a scratch file can be given.
-pub const MAX_RESIZABLE: u64 = 16 << 30;
+/// The largest size any file can have (`off_t`): what a named blob, a delegate payload or a
+/// scratch file may be given unless a mount sets less (`--max-file-size`). The free space
+/// of the model's file system bounds them first (docs/writes.md#sizes-and-free-space).
+pub const LARGEST_FILE: u64 = i64::MAX as u64;
 
 /// Room allowed for a `.npy` header in front of a tensor's bytes.
 const NPY_HEADER_MAX: u64 = 1 << 20;
 
+/// The limit on a file that may take any size: the mount's `--max-file-size`, else the
+/// largest size a file can have; `what` names the files, for the message (the refusal
+/// gives the number: "N bytes cannot fit: WHAT are limited by --max-file-size on this mount
+/// (at most M bytes)").
+pub fn resizable_limit(what: &str, max_file_size: Option<u64>) -> (u64, String) {
+    match max_file_size {
+        Some(max) => (
+            max,
+            format!("{what} are limited by --max-file-size on this mount"),
+        ),
+        None => (
+            LARGEST_FILE,
+            format!("{what} can be no larger than any file"),
+        ),
+    }
+}
+
 impl WriteTarget {
     /// How large new content written to the file at `path` may become, and why;
-    /// `current` is the file's size now. Larger content can never be valid, so staging
-    /// refuses it before holding it.
-    pub fn size_limit(&self, path: &str, current: u64) -> (u64, String) {
+    /// `current` is the file's size now, `max_file_size` the mount's limit on resizable
+    /// files (`--max-file-size`). Larger content can never be valid, so staging refuses it
+    /// before holding it.
+    pub fn size_limit(
+        &self, path: &str, current: u64, max_file_size: Option<u64>,
+    ) -> (u64, String) {
         let holds = |len: u64, what: &dyn std::fmt::Display| {
             (len, format!("{path} holds the {len} bytes of {what}"))
         };
@@ -113,10 +135,9 @@ impl WriteTarget {
                 location.range.len(),
                 format!("segment {index} keeps its size"),
             ),
-            WriteTarget::Blob { .. } | WriteTarget::DelegatePayload { .. } => (
-                MAX_RESIZABLE,
-                format!("{path}: named data and delegate payloads grow to at most 16 GiB"),
-            ),
+            WriteTarget::Blob { .. } | WriteTarget::DelegatePayload { .. } => {
+                resizable_limit("named data and delegate payloads", max_file_size)
+            }
             // The catalog's listing bounds an update more closely
             // (`WeightsFile::update_limit`).
             WriteTarget::Weights { .. } => (

@@ -398,7 +398,7 @@ impl Fs {
         if let Some(hidden) = self.hidden_file(parent, name) {
             self.authorize(caller, hidden, wanted(flags | libc::O_TRUNC))?;
         }
-        let (attr, opened) = self.create(parent, name, flags)?;
+        let (attr, opened) = self.create_by(caller.uid, parent, name, flags)?;
         Ok((Entry::new(attr), opened))
     }
 

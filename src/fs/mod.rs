@@ -29,6 +29,7 @@ pub use invalidate::{Invalidator, NoInvalidation};
 pub use read::ReadData;
 pub use refusals::{ERRORS_INO, ERRORS_NAME};
 pub use reply::{Capability, Entry, KernelConfig, Lookup, Opened, StatFs, Unsupported};
+pub use staging::SizeLimits;
 pub use write::{RenameMode, SetAttr};
 
 use std::ffi::OsStr;

@@ -331,13 +331,10 @@ pub fn read(tree: Arc<Tree>, ino: Ino, offset: u64, size: u32) -> Result<ReadDat
             }
         }
         Content::Text { .. } => {
-            let text = tree.text(ino).expect("a text node renders");
-            let (s, e) = window(text.len() as u64, offset, size);
-            Part::Text {
-                text,
-                start: s,
-                end: e,
-            }
+            let (text, start, end) = tree
+                .text_window(ino, offset, size)
+                .expect("a text node renders");
+            Part::Text { text, start, end }
         }
     };
     Ok(ReadData { tree, part })

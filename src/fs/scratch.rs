@@ -6,13 +6,18 @@
 //!
 //! Invariant: scratch inode numbers start at `SCRATCH_BASE`, far above any tree node, and are
 //! never reused; names are unique per directory among scratch files and tree files alike
-//! (the caller checks the tree).
+//! (the caller checks the tree). Each scratch file belongs to the user who created it, and
+//! one user holds at most `SizeLimits::scratch_files_per_user` of them (their bytes
+//! together are bounded by the caller, `Fs::scratch_room`), so no user can fill the
+//! daemon's memory or the disk with them (docs/writes.md#editors-scratch-files-and-deletes).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use super::staging::Staged;
+use crate::error::{Error, Result};
+use crate::quote;
 use crate::tree::Ino;
 
 /// Scratch files get inode numbers far above any tree node.
@@ -27,6 +32,8 @@ pub(super) fn lock(c: &Content) -> MutexGuard<'_, Staged> {
 struct Scratch {
     parent: Ino,
     name: String,
+    /// The user who created it.
+    owner: u32,
     content: Content,
 }
 
@@ -43,17 +50,51 @@ impl ScratchFiles {
         self.files.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn create(&self, parent: Ino, name: &str, content: Staged) -> Ino {
+    /// A new scratch file of user `owner`, unless that user has `max_files` already (EDQUOT,
+    /// saying so).
+    pub fn create(
+        &self, parent: Ino, name: &str, owner: u32, max_files: usize, content: Staged,
+    ) -> Result<Ino> {
+        let mut files = self.files();
+        let held = files.values().filter(|s| s.owner == owner).count();
+        if held >= max_files {
+            return Err(Error::new(
+                libc::EDQUOT,
+                format!(
+                    "cannot create {}: user {owner} has {held} scratch files in this mount, the most one user may have; remove some, or rename them onto the files they stand for",
+                    quote::name(name)
+                ),
+            ));
+        }
         let ino = SCRATCH_BASE + self.next.fetch_add(1, Ordering::Relaxed);
-        self.files().insert(
+        files.insert(
             ino,
             Scratch {
                 parent,
                 name: name.to_string(),
+                owner,
                 content: Arc::new(Mutex::new(content)),
             },
         );
-        ino
+        Ok(ino)
+    }
+
+    /// The user a scratch file belongs to.
+    pub fn owner(&self, ino: Ino) -> Option<u32> {
+        self.files().get(&ino).map(|s| s.owner)
+    }
+
+    /// How many scratch files user `owner` has, and their bytes together, leaving out
+    /// `except`.
+    pub fn usage(&self, owner: u32, except: Ino) -> (usize, u64) {
+        let contents: Vec<Content> = self
+            .files()
+            .iter()
+            .filter(|(&ino, s)| s.owner == owner && ino != except)
+            .map(|(_, s)| s.content.clone())
+            .collect();
+        let bytes = contents.iter().map(|c| lock(c).len()).sum();
+        (contents.len(), bytes)
     }
 
     /// The directory a scratch file is in.

@@ -8,7 +8,9 @@
 //! that grows. Every byte of memory a `Staged` holds is charged to the budget and given
 //! back when it spills or is dropped. Every size is checked against the file's limit before
 //! anything is allocated, and memory is reserved fallibly, so a request can fail with EFBIG
-//! or ENOMEM but never abort the daemon.
+//! or ENOMEM but never abort the daemon. Content grows only while the model's file system
+//! has room for what that size needs (`Room`: the staged bytes that spill, and the new file
+//! a re-layout writes), else ENOSPC (docs/writes.md#sizes-and-free-space).
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -29,12 +31,41 @@ pub const MEMORY_BUDGET: u64 = 128 << 20;
 /// Buffers at least this large are kept for the next writer once their content is dropped.
 const SPARE_FROM: usize = 2 << 20;
 
+/// What the staged content of a mount may take on disk (docs/writes.md#sizes-and-free-space).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SizeLimits {
+    /// The largest size a blob, a delegate payload or a scratch file may be given
+    /// (`--max-file-size`); None: as large as the file system's free space allows.
+    pub max_file_size: Option<u64>,
+    /// Scratch files one user may have at once (`fs::scratch`).
+    pub scratch_files_per_user: usize,
+    /// Bytes the scratch files of one user may hold together; None: twice the model's
+    /// files and 1 GiB, which an editor's copy of any file of the model fits.
+    pub scratch_bytes_per_user: Option<u64>,
+}
+
+impl Default for SizeLimits {
+    fn default() -> SizeLimits {
+        SizeLimits {
+            max_file_size: None,
+            scratch_files_per_user: SCRATCH_FILES_PER_USER,
+            scratch_bytes_per_user: None,
+        }
+    }
+}
+
+/// Scratch files one user may have at once: editors make a few (a swap file, a backup, the
+/// file they save before renaming it), never hundreds.
+pub const SCRATCH_FILES_PER_USER: usize = 256;
+
 /// Where staged content spills, and the memory all of a mount's staged content shares.
 pub struct Spill {
     /// Where spill files go first (the model's directory), if open.
     dir: Option<Arc<File>>,
     budget: u64,
     in_memory: AtomicU64,
+    /// What staged content may take on disk.
+    pub limits: SizeLimits,
     /// The last large buffer given back, empty, for the next large write, and when it was
     /// given back. Replacing a 64 MiB tensor into fresh memory spent more time having the
     /// kernel zero new pages than copying the bytes; a kept buffer's pages are there
@@ -48,10 +79,15 @@ pub const SPARE_KEPT_FOR: Duration = Duration::from_secs(10);
 
 impl Spill {
     pub fn new(dir: Option<Arc<File>>, budget: u64) -> Arc<Spill> {
+        Spill::limited(dir, budget, SizeLimits::default())
+    }
+
+    pub fn limited(dir: Option<Arc<File>>, budget: u64, limits: SizeLimits) -> Arc<Spill> {
         Arc::new(Spill {
             dir,
             budget,
             in_memory: AtomicU64::new(0),
+            limits,
             spare: Default::default(),
         })
     }
@@ -132,6 +168,25 @@ enum Buffer {
     Spilled { file: File, len: u64 },
 }
 
+/// What content of a file needs on disk when it grows, beyond its own staged bytes: for a
+/// blob or a delegate payload, the new file a commit of another size writes (a re-layout of
+/// the whole model file).
+#[derive(Clone, Default)]
+pub struct Room {
+    pub relayout: Option<Relayout>,
+}
+
+/// The model file a commit of another size re-lays out.
+#[derive(Clone)]
+pub struct Relayout {
+    /// Its directory, where the new file goes, and that directory for messages.
+    pub dir: Arc<File>,
+    pub place: String,
+    /// Its size, and the size the content has in it now.
+    pub file_len: u64,
+    pub current: u64,
+}
+
 /// The content of one open file, with the limit its size may not exceed.
 pub struct Staged {
     buffer: Buffer,
@@ -142,6 +197,8 @@ pub struct Staged {
     spill: Arc<Spill>,
     /// The memory charged to `spill`'s budget: the capacity of the in-memory buffer.
     charged: u64,
+    /// What growing needs on disk besides the staged bytes.
+    room: Room,
 }
 
 impl Drop for Staged {
@@ -204,7 +261,47 @@ impl Staged {
             limit_reason: limit_reason.into(),
             spill,
             charged: 0,
+            room: Room::default(),
         }
+    }
+
+    /// This content, needing `room` on disk to grow.
+    pub fn needing(mut self, room: Room) -> Staged {
+        self.room = room;
+        self
+    }
+
+    /// Refuses growth to `len` bytes when the file system cannot hold what that size needs:
+    /// the growth of the staged bytes, when they are (or are about to be) on disk, and for
+    /// a blob or a payload the new file of a re-layout (ENOSPC, naming the numbers).
+    fn check_room(&self, len: u64) -> Result<()> {
+        let old = self.len();
+        if len <= old {
+            return Ok(());
+        }
+        let on_disk = len > SPILL_AT || matches!(self.buffer, Buffer::Spilled { .. });
+        let staged = if on_disk { len - old } else { 0 };
+        let (dir, place, relayout) = match &self.room.relayout {
+            // Content no larger than the file's is checked at its commit, which knows the
+            // new file's size; staging refuses only what the file system can never take.
+            Some(r) if len > r.current => (
+                Some(&r.dir),
+                r.place.as_str(),
+                Some(r.file_len.saturating_sub(r.current).saturating_add(len)),
+            ),
+            _ => (self.spill.dir.as_ref(), "the staging directory", None),
+        };
+        let need = staged.saturating_add(relayout.unwrap_or(0));
+        let Some(dir) = dir.filter(|_| need > 0) else {
+            return Ok(());
+        };
+        let why = match relayout {
+            Some(new_file) => format!(
+                "content of {len} bytes needs its staged copy and the {new_file}-byte new file its commit writes (a re-layout)"
+            ),
+            None => format!("{len} bytes of staged content need their staged copy"),
+        };
+        crate::edit::need_room(dir, place, need, &why)
     }
 
     /// Makes the in-memory buffer able to hold `capacity` bytes, charging the budget for
@@ -341,6 +438,7 @@ impl Staged {
             Error::new(libc::EFBIG, format!("a write at offset {offset} overflows"))
         })?;
         self.check_size(end)?;
+        self.check_room(end)?;
         if end > SPILL_AT {
             self.spill()?;
         }
@@ -366,6 +464,7 @@ impl Staged {
     /// Truncates or extends the content to `size` bytes.
     pub fn set_len(&mut self, size: u64) -> Result<()> {
         self.check_size(size)?;
+        self.check_room(size)?;
         if size > SPILL_AT {
             self.spill()?;
         }

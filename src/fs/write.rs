@@ -29,13 +29,12 @@ use super::commit::Invalid;
 use super::handles::{lock, Handle, Target};
 use super::hidden::Process;
 use super::invalidate::Invalidate;
-use super::staging::Staged;
+use super::staging::{self, Relayout, Room, SizeLimits, Spill, Staged};
 use super::{not_found_in, not_utf8, scratch, utf8, Attr, Fs, Opened};
 use crate::error::{Error, Result};
+use crate::format::target::resizable_limit;
 use crate::format::WriteTarget;
 use crate::tree::{Ino, Tree};
-
-pub use crate::format::target::MAX_RESIZABLE;
 
 /// What `Fs::setattr` may change.
 #[derive(Debug, Default, Clone, Copy)]
@@ -104,15 +103,77 @@ impl Fs {
         }
     }
 
-    /// Empty staged content for writable tree file `ino`, with its size limit.
+    /// Empty staged content for writable tree file `ino`, with its size limit and what it
+    /// needs on disk to grow (docs/writes.md#sizes-and-free-space).
     fn new_staged(&self, tree: &Tree, ino: Ino) -> Result<Staged> {
         let target = self.write_target(tree, ino)?;
         let path = tree.path(ino);
+        let current = tree.size(ino);
         let (limit, why) = match target {
             WriteTarget::Weights { view } => tree.weights(*view).update_limit(&path),
-            _ => target.size_limit(&path, tree.size(ino)),
+            _ => target.size_limit(&path, current, self.spill.limits.max_file_size),
         };
-        Ok(Staged::new(limit, why, self.spill.clone()))
+        // Content of another size for a blob or a payload is a re-layout of its file.
+        let relayout = match target {
+            WriteTarget::Blob { file, .. } => Some(*file),
+            WriteTarget::DelegatePayload { .. } => Some(0),
+            _ => None,
+        }
+        .and_then(|f| {
+            let file = &tree.model.files[f];
+            Some(Relayout {
+                dir: file.dir.clone()?,
+                place: file
+                    .path
+                    .parent()
+                    .map_or_else(|| ".".into(), |d| d.display().to_string()),
+                file_len: file.len(),
+                current,
+            })
+        });
+        Ok(Staged::new(limit, why, self.spill.clone()).needing(Room { relayout }))
+    }
+
+    /// Sets the sizes staged content may take (docs/writes.md#sizes-and-free-space).
+    pub fn with_size_limits(mut self, limits: SizeLimits) -> Fs {
+        let dir = self.tree().model.files[0].dir.clone();
+        self.spill = Spill::limited(dir, staging::MEMORY_BUDGET, limits);
+        self
+    }
+
+    /// The bytes one user's scratch files may hold together: the mount's limit, else twice
+    /// the model's files and 1 GiB (an editor's copy of any of its files fits).
+    fn scratch_bytes_per_user(&self) -> u64 {
+        self.spill.limits.scratch_bytes_per_user.unwrap_or_else(|| {
+            let model: u64 = self.tree().model.files.iter().map(|f| f.len()).sum();
+            model.saturating_mul(2).saturating_add(1 << 30)
+        })
+    }
+
+    /// Refuses growing scratch file `ino` to `len` bytes when its owner's scratch files
+    /// would then hold more than `scratch_bytes_per_user` (EDQUOT, naming the numbers).
+    fn scratch_room(&self, ino: Ino, len: u64) -> Result<()> {
+        let Some(owner) = self.scratch.owner(ino) else {
+            return Ok(());
+        };
+        let now = self.scratch.size(ino).unwrap_or(0);
+        // A size no scratch file may have is refused by the content itself (EFBIG).
+        if len <= now || self.spill.limits.max_file_size.is_some_and(|max| len > max) {
+            return Ok(());
+        }
+        let (files, others) = self.scratch.usage(owner, ino);
+        let cap = self.scratch_bytes_per_user();
+        if others.saturating_add(len) > cap {
+            return Err(Error::new(
+                libc::EDQUOT,
+                format!(
+                    "a scratch file of {len} bytes: user {owner}'s scratch files would hold {} bytes \
+                     ({files} other file(s) hold {others}), more than the {cap} one user may have in this mount",
+                    others.saturating_add(len)
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Staged content holding the committed bytes of tree file `ino`.
@@ -234,11 +295,18 @@ impl Fs {
         })
     }
 
-    /// Creates an editor's scratch file in a writable directory, or, for the name of a
-    /// writable file an unlink hid, opens a truncating writer of that file and shows the name
-    /// again (see `hidden`): its commit replaces the file.
+    /// `create_by` root (offline commands and tests).
     pub fn create(
         &self, parent: Ino, name: impl AsRef<OsStr>, flags: i32,
+    ) -> Result<(Attr, Opened)> {
+        self.create_by(0, parent, name, flags)
+    }
+
+    /// Creates an editor's scratch file of user `uid` in a writable directory, or, for the
+    /// name of a writable file an unlink hid, opens a truncating writer of that file and
+    /// shows the name again (see `hidden`): its commit replaces the file.
+    pub fn create_by(
+        &self, uid: u32, parent: Ino, name: impl AsRef<OsStr>, flags: i32,
     ) -> Result<(Attr, Opened)> {
         if self.options.read_only {
             return Err(Fs::read_only_error());
@@ -281,12 +349,12 @@ impl Fs {
                 format!("{}/{name} exists", tree.path(parent)),
             ));
         }
-        let content = Staged::new(
-            MAX_RESIZABLE,
-            format!("{name}: a scratch file grows to at most 16 GiB"),
-            self.spill.clone(),
-        );
-        let ino = self.scratch.create(parent, name, content);
+        let limits = self.spill.limits;
+        let (limit, why) = resizable_limit("scratch files", limits.max_file_size);
+        let content = Staged::new(limit, why, self.spill.clone());
+        let ino = self
+            .scratch
+            .create(parent, name, uid, limits.scratch_files_per_user, content)?;
         let opened = self.open(ino, flags)?;
         Ok((self.getattr(ino)?, opened))
     }
@@ -298,6 +366,7 @@ impl Fs {
         match h.target {
             Target::Scratch(ino) => {
                 let content = self.scratch_content(ino)?;
+                self.scratch_room(ino, offset.saturating_add(data.len() as u64))?;
                 scratch::lock(&content).write_at(offset, data)?;
             }
             Target::Tree(ino) => {
@@ -389,6 +458,7 @@ impl Fs {
         match (target, change.fh) {
             (Target::Scratch(ino), _) => {
                 let content = self.scratch_content(ino)?;
+                self.scratch_room(ino, size)?;
                 scratch::lock(&content).set_len(size)?;
                 Ok((self.getattr(ino)?, Invalidate::default()))
             }

@@ -4,7 +4,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 
 use super::{Content, Ino, Node, TextCache, TextKind, Tree, ROOT, UNKNOWN_LEN};
-use crate::backend::BlobRef;
+use crate::backend::{BlobRef, FloatView};
 use crate::catalog::names::{self, Names};
 use crate::catalog::{Catalog, Decoded, Payloads};
 use crate::error::{Error, Result};
@@ -265,7 +265,7 @@ fn add_ptd(b: &mut Builder, model: &Model, names: &Names, root: Ino, file: FileI
 /// `plans/<name>/values/`: every value's `.json`, and the `.bin` and `.npy` of tensors whose
 /// bytes are at hand. Inodes follow the values' order; the listing is in name order, built
 /// without comparing names.
-fn add_values(b: &mut Builder, plan_dir: Ino, p: usize, tensors: &[Option<TensorData>]) {
+fn add_values(b: &mut Builder, plan_dir: Ino, p: usize, tensors: &[Option<Box<TensorData>>]) {
     let values = b.dir(plan_dir, "values");
     // Per value, the inode of its `.json`; its `.bin` and `.npy`, when it has them, follow.
     let mut first = Vec::with_capacity(tensors.len() + 1);
@@ -337,10 +337,11 @@ fn payload_value_nodes(
             of,
         }),
     ));
-    // Whether a constant has a `.npy` and a `.f32.npy` depends on its datatype only, not on
-    // the size its bytes have now: a commit that resizes them leaves the tree's shape alone
-    // (reads of a view whose bytes no longer fit fail with EIO; check reports the size).
-    if let Some((descr, shape)) = constant.npy {
+    // A `.npy` and a `.f32.npy` are listed only when the bytes at hand back them: dims far
+    // larger than the constant's bytes (`check` reports them) would list files of many GB
+    // whose reads could only fail. A commit that resizes the bytes may thus change the
+    // tree's shape (the kernel is then told to look every name up again).
+    if let Some((descr, shape)) = constant.npy.filter(|(d, s)| npy_backed(d, s, &location)) {
         let shape: Arc<[u64]> = shape.into();
         out.push(node(
             dir,
@@ -358,7 +359,7 @@ fn payload_value_nodes(
             }),
         ));
     }
-    if let Some(view) = dec.float_view(model, k) {
+    if let Some(view) = dec.float_view(model, k).filter(FloatView::backed) {
         let write = payload
             .float_writable(k)
             .then_some(WriteTarget::PayloadConstantF32 {
@@ -377,6 +378,11 @@ fn payload_value_nodes(
         ));
     }
     out
+}
+
+/// Whether a constant's bytes at `location` are exactly the array its `.npy` would describe.
+fn npy_backed(descr: &str, shape: &[u64], location: &Location) -> bool {
+    npy::data_nbytes(descr, shape) == Some(location.range.len())
 }
 
 /// `delegates/<j>/<backend>/` of a payload that decoded (docs/tree.md#xnnpack-delegates).
@@ -479,18 +485,22 @@ fn payload_node_count(model: &Model, dec: &Decoded) -> u64 {
         let Some(constant) = payload.constant(k) else {
             continue;
         };
-        if dec.locate(model, &constant.bytes).is_none() {
+        let Some(location) = dec.locate(model, &constant.bytes) else {
             continue;
-        }
+        };
         n += 1;
-        n += u64::from(constant.npy.is_some());
-        n += u64::from(dec.float_view(model, k).is_some());
+        n += u64::from(
+            constant
+                .npy
+                .is_some_and(|(d, s)| npy_backed(d, &s, &location)),
+        );
+        n += u64::from(dec.float_view(model, k).is_some_and(|v| v.backed()));
     }
     n
 }
 
 /// `node_count` with the payloads already decoded.
-fn node_count_with(model: &Model, payloads: &Payloads) -> u64 {
+pub fn node_count_with(model: &Model, payloads: &Payloads) -> u64 {
     let mut n: u64 = 3; // the root, sizes.txt, sizes.json
     let segments = |file: &crate::format::ModelFile| match &file.kind {
         Kind::Pte(p) => p.segments.len() as u64,

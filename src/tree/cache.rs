@@ -13,11 +13,17 @@
 //! A text is rendered by one thread at a time: others asking for it meanwhile wait for that
 //! rendering (the kernel sends concurrent reads of one file, and two renderings of a 1 GB
 //! `program.json` would double the peak).
+//!
+//! A text larger than the budget that can be rendered a window at a time (`program.json`,
+//! `flat_tensor.json`: `render::windowed`) is never kept: its marks are, for the last
+//! [`MARKED_KEPT`] such texts (about 1/1000 of each text's size), and each read renders its
+//! window from them.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use super::render::Marked;
 use super::Ino;
 
 /// Bytes of rendered text a tree keeps (plus one text larger than this while it is read).
@@ -25,6 +31,9 @@ pub const TEXT_CACHE_BUDGET: usize = 64 << 20;
 
 /// How long a text larger than the budget is kept after its last read.
 pub const OVERSIZE_IDLE: Duration = Duration::from_secs(30);
+
+/// How many texts' marks are kept.
+pub const MARKED_KEPT: usize = 4;
 
 /// Bytes charged per entry on top of its text (map slot, queue slot, `Arc` header), so that
 /// many tiny texts are bounded too.
@@ -55,6 +64,8 @@ pub struct TextCache {
     inner: Mutex<Inner>,
     /// Signalled when a rendering ends.
     rendered: Condvar,
+    /// The marks of the last texts rendered by windows, newest last.
+    marked: Mutex<VecDeque<(Ino, Arc<Marked>)>>,
 }
 
 fn cost(text: &[u8]) -> usize {
@@ -67,6 +78,23 @@ impl TextCache {
             budget,
             inner: Mutex::new(Inner::default()),
             rendered: Condvar::new(),
+            marked: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// The marks of `ino`, if they are kept.
+    pub fn marked(&self, ino: Ino) -> Option<Arc<Marked>> {
+        let kept = self.marked.lock().unwrap_or_else(|e| e.into_inner());
+        kept.iter().find(|(i, _)| *i == ino).map(|(_, m)| m.clone())
+    }
+
+    /// Keeps the marks of `ino`, dropping the oldest beyond `MARKED_KEPT`.
+    pub fn keep_marked(&self, ino: Ino, marked: Arc<Marked>) {
+        let mut kept = self.marked.lock().unwrap_or_else(|e| e.into_inner());
+        kept.retain(|(i, _)| *i != ino);
+        kept.push_back((ino, marked));
+        while kept.len() > MARKED_KEPT {
+            kept.pop_front();
         }
     }
 

@@ -310,6 +310,48 @@ impl Tree {
         Some(text)
     }
 
+    /// Bytes `[offset, offset + size)` of a generated text file (clamped to its end), as a
+    /// buffer and the range of it that holds them: a slice of the whole text, cached as
+    /// `text` caches it, or, for a text too large for the cache that renders by windows
+    /// (docs/tree.md#size-limits), the window alone, rendered from the text's marks.
+    pub fn text_window(
+        &self, ino: Ino, offset: u64, size: u32,
+    ) -> Option<(Arc<[u8]>, usize, usize)> {
+        let Content::Text { kind, len } = &self.node(ino)?.content else {
+            return None;
+        };
+        let budget = self.texts.budget() as u64;
+        let known = len.load(Ordering::Relaxed);
+        if render::windowed(*kind) && (known == UNKNOWN_LEN || known > budget) {
+            if let Some(marked) = self.marked(ino, *kind, len).filter(|m| m.len > budget) {
+                let bytes = render::render_window(self, *kind, &marked, offset, size);
+                let n = bytes.len();
+                return Some((bytes.into(), 0, n));
+            }
+        }
+        let text = self.text(ino)?;
+        let start = offset.min(text.len() as u64) as usize;
+        let end = offset
+            .saturating_add(u64::from(size))
+            .min(text.len() as u64) as usize;
+        Some((text, start, end))
+    }
+
+    /// The length and marks of a text of a `render::windowed` kind: kept in the cache, or
+    /// counted (and then kept when the text is too large for the cache). Its length is
+    /// stored in the node.
+    fn marked(&self, ino: Ino, kind: TextKind, len: &AtomicU64) -> Option<Arc<render::Marked>> {
+        if let Some(m) = self.texts.marked(ino) {
+            return Some(m);
+        }
+        let marked = Arc::new(render::count_marked(self, kind)?);
+        len.store(marked.len, Ordering::Relaxed);
+        if marked.len > self.texts.budget() as u64 {
+            self.texts.keep_marked(ino, marked.clone());
+        }
+        Some(marked)
+    }
+
     fn render_string(&self, ino: Ino, kind: TextKind) -> Arc<[u8]> {
         render::render_to_vec(self, ino, kind).into()
     }
@@ -499,7 +541,11 @@ impl Tree {
                 if known != UNKNOWN_LEN {
                     known
                 } else if render::may_be_large(*kind) {
-                    // Counted, not kept: `stat` of a large text must not hold it in memory.
+                    // Counted, not kept: `stat` of a large text must not hold it in memory
+                    // (the marks of one read by windows are kept, for the reads to come).
+                    if let Some(m) = self.marked(ino, *kind, len) {
+                        return m.len;
+                    }
                     let n = self.count(ino, *kind);
                     len.store(n, Ordering::Relaxed);
                     n

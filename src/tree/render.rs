@@ -245,6 +245,229 @@ fn write_lazy(v: &Lazy<'_>, depth: usize, out: &mut dyn Write) -> fmt::Result {
     }
 }
 
+// Windows of texts too large to keep (docs/tree.md#size-limits): a `Lazy` rendering is
+// counted once with `Mark`s every `MARK_EVERY` bytes, each the path to the item that starts
+// there; a read then renders from the last mark at or before its offset, to the end of its
+// window, so reading a 300 MB `program.json` never holds it whole.
+
+/// About how many bytes of text lie between two marks.
+pub const MARK_EVERY: u64 = 64 << 10;
+
+/// A place where a `Lazy` rendering can start again: the offset of an array item's first
+/// byte, and its path (at each level, the index of the object field or array item taken).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mark {
+    pub at: u64,
+    path: Box<[u32]>,
+}
+
+/// A `Write` that counts, records marks when asked, and passes on what it is given.
+struct Walker<'w> {
+    out: &'w mut dyn Write,
+    at: u64,
+    path: Vec<u32>,
+    /// Recording: the marks so far, where the next may go, and the bytes between two.
+    marks: Option<(&'w mut Vec<Mark>, u64, u64)>,
+}
+
+impl Write for Walker<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.at += s.len() as u64;
+        self.out.write_str(s)
+    }
+}
+
+impl Walker<'_> {
+    /// Records a mark at an item about to start, when a mark is due.
+    fn item_starts(&mut self) {
+        if let Some((marks, next, every)) = &mut self.marks {
+            if self.at >= *next {
+                marks.push(Mark {
+                    at: self.at,
+                    path: self.path.clone().into_boxed_slice(),
+                });
+                *next = self.at + *every;
+            }
+        }
+    }
+}
+
+/// `write_lazy` through a `Walker`, starting at `resume` (a mark's path) instead of the
+/// beginning: along it, the openings of the enclosing objects and arrays and the fields and
+/// items before it are skipped, since they lie before the mark.
+fn walk_lazy(v: &Lazy<'_>, depth: usize, w: &mut Walker, resume: &[u32]) -> fmt::Result {
+    match v {
+        Lazy::Value(v) => write_pretty(v, depth, w),
+        Lazy::Object(fields) if fields.is_empty() => w.write_str("{}"),
+        Lazy::Object(fields) => {
+            // A mark is never at an object field: along a path, a field is entered.
+            let (first, rest) = match resume.split_first() {
+                Some((&f, rest)) => (f as usize, Some(rest)),
+                None => {
+                    w.write_str("{\n")?;
+                    (0, None)
+                }
+            };
+            for (i, (k, item)) in fields.iter().enumerate().skip(first) {
+                w.path.push(i as u32);
+                let inside = rest.filter(|_| i == first);
+                if inside.is_none() {
+                    pad(depth + 1, w)?;
+                    write_json_str(k, w)?;
+                    w.write_str(": ")?;
+                }
+                walk_lazy(item, depth + 1, w, inside.unwrap_or(&[]))?;
+                w.path.pop();
+                w.write_str(if i + 1 < fields.len() { ",\n" } else { "\n" })?;
+            }
+            pad(depth, w)?;
+            w.write_char('}')
+        }
+        Lazy::Items(0, _) => w.write_str("[]"),
+        Lazy::Items(n, f) => {
+            let first = match resume.first() {
+                Some(&i) => i as usize,
+                None => {
+                    w.write_str("[\n")?;
+                    0
+                }
+            };
+            for i in first..*n {
+                let item = f(i);
+                w.path.push(i as u32);
+                // The last index of a path is the item the mark is at, from its start; an
+                // earlier one is an item the mark is inside of.
+                let inside = (i == first && resume.len() > 1).then(|| &resume[1..]);
+                if inside.is_none() {
+                    w.item_starts();
+                    pad(depth + 1, w)?;
+                }
+                walk_lazy(&item, depth + 1, w, inside.unwrap_or(&[]))?;
+                w.path.pop();
+                w.write_str(if i + 1 < *n { ",\n" } else { "\n" })?;
+            }
+            pad(depth, w)?;
+            w.write_char(']')
+        }
+    }
+}
+
+/// The `Lazy` table a text of `kind` is written from, for the kinds that have one
+/// (`program.json`, `flat_tensor.json`): those whose windows can be rendered on their own.
+fn lazy_of(model: &Model, kind: TextKind) -> Option<Lazy<'_>> {
+    match kind {
+        TextKind::ProgramJson => Some(program_json(model)),
+        TextKind::FlatTensorJson(f) => Some(flat_tensor_json(model, f)),
+        _ => None,
+    }
+}
+
+/// Whether windows of a text of `kind` can be rendered on their own (`render_window`).
+pub fn windowed(kind: TextKind) -> bool {
+    matches!(kind, TextKind::ProgramJson | TextKind::FlatTensorJson(_))
+}
+
+/// Discards what it is given.
+struct Discard;
+
+impl Write for Discard {
+    fn write_str(&mut self, _: &str) -> fmt::Result {
+        Ok(())
+    }
+}
+
+/// A counted text of a `windowed` kind: its length and its marks.
+#[derive(Debug)]
+pub struct Marked {
+    pub len: u64,
+    pub marks: Vec<Mark>,
+}
+
+/// The length of a text of a `windowed` kind, and its marks; None for other kinds.
+pub fn count_marked(tree: &Tree, kind: TextKind) -> Option<Marked> {
+    count_marked_every(tree, kind, MARK_EVERY)
+}
+
+/// `count_marked` with a mark about every `every` bytes.
+fn count_marked_every(tree: &Tree, kind: TextKind, every: u64) -> Option<Marked> {
+    let lazy = lazy_of(&tree.model, kind)?;
+    let mut marks = Vec::new();
+    let mut sink = Discard;
+    let mut w = Walker {
+        out: &mut sink,
+        at: 0,
+        path: Vec::new(),
+        marks: Some((&mut marks, every, every)),
+    };
+    walk_lazy(&lazy, 0, &mut w, &[])
+        .and_then(|()| w.write_char('\n'))
+        .ok()?;
+    let len = w.at;
+    Some(Marked { len, marks })
+}
+
+/// Keeps the bytes `[from, from + len)` of what is written to it, and stops the rendering
+/// (with an error) once it has them.
+struct Window {
+    from: u64,
+    len: usize,
+    at: u64,
+    out: Vec<u8>,
+}
+
+impl Write for Window {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let b = s.as_bytes();
+        let end = self.at + b.len() as u64;
+        if end > self.from {
+            let skip = self.from.saturating_sub(self.at) as usize;
+            let room = self.len - self.out.len();
+            let take = (b.len() - skip).min(room);
+            self.out.extend_from_slice(&b[skip..skip + take]);
+        }
+        self.at = end;
+        if self.out.len() == self.len {
+            return Err(fmt::Error);
+        }
+        Ok(())
+    }
+}
+
+/// Bytes `[offset, offset + size)` of a text of a `windowed` kind whose length is `len`,
+/// rendered from the last of `marks` at or before `offset` (the beginning when there is
+/// none): about `MARK_EVERY` bytes more than the window are rendered, and none are kept but
+/// the window's.
+pub fn render_window(
+    tree: &Tree, kind: TextKind, marked: &Marked, offset: u64, size: u32,
+) -> Vec<u8> {
+    let (len, marks) = (marked.len, &marked.marks);
+    let start = offset.min(len);
+    let want = (offset.saturating_add(u64::from(size)).min(len) - start) as usize;
+    let Some(lazy) = lazy_of(&tree.model, kind).filter(|_| want > 0) else {
+        return Vec::new();
+    };
+    let mark = marks.partition_point(|m| m.at <= start);
+    let (at, path): (u64, &[u32]) = match mark.checked_sub(1).map(|i| &marks[i]) {
+        Some(m) => (m.at, &m.path),
+        None => (0, &[]),
+    };
+    let mut window = Window {
+        from: start,
+        len: want,
+        at,
+        out: Vec::with_capacity(want),
+    };
+    let mut w = Walker {
+        out: &mut window,
+        at,
+        path: Vec::new(),
+        marks: None,
+    };
+    // The window stops the rendering with an error once full; the end of the text too.
+    let _ = walk_lazy(&lazy, 0, &mut w, path).and_then(|()| w.write_char('\n'));
+    window.out
+}
+
 fn bytes_value(data: &[u8]) -> Value {
     if data.len() > INLINE_BYTES_SHOWN {
         json!({ "bytes": data.len() })
@@ -1141,6 +1364,48 @@ mod tests {
                 .unwrap();
             assert_eq!(tree.size(ino), streamed.len() as u64);
             assert_eq!(&*tree.text(ino).unwrap(), streamed.as_bytes());
+        }
+    }
+
+    /// Every window of every fixture's `program.json` and `flat_tensor.json`, rendered from
+    /// marks a few bytes apart, is the slice of the whole text.
+    #[test]
+    fn windows_rendered_from_marks_are_slices_of_the_text() {
+        for path in fixtures() {
+            let model = crate::format::Model::open(&path, &[] as &[PathBuf]).unwrap();
+            let tree = Tree::build(Arc::new(model));
+            let (ino, kind) = match tree.find("program.json") {
+                Some(ino) => (ino, TextKind::ProgramJson),
+                None => (
+                    tree.find("flat_tensor.json").unwrap(),
+                    TextKind::FlatTensorJson(0),
+                ),
+            };
+            let whole = tree.text(ino).unwrap();
+            for every in [1, 37, 500, MARK_EVERY] {
+                let marked = count_marked_every(&tree, kind, every).unwrap();
+                assert_eq!(marked.len, whole.len() as u64, "{}", path.display());
+                if every == 1 {
+                    assert!(marked.marks.len() > 3, "{}", path.display());
+                }
+                let n = whole.len() as u64;
+                for (offset, size) in [(0, 1), (0, 4096), (n / 3, 100), (n - 1, 10), (n, 5)]
+                    .into_iter()
+                    .chain((0..n).step_by(97).map(|o| (o, 61)))
+                {
+                    let got = render_window(&tree, kind, &marked, offset, size);
+                    let (s, e) = (
+                        offset.min(n) as usize,
+                        (offset + u64::from(size)).min(n) as usize,
+                    );
+                    assert_eq!(
+                        got,
+                        &whole[s..e],
+                        "{} every {every}: window {offset}+{size}",
+                        path.display()
+                    );
+                }
+            }
         }
     }
 

@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use super::graph::{ScaleDtype, XnnGraph};
 use super::placed::Placed;
-use super::{render, write, Datatype, BACKEND_ID};
+use super::{quant, render, write, Datatype, BACKEND_ID};
 use crate::backend::blob::{Blob, BlobRef, BlobWrite, KeyRole, Resolver};
 use crate::backend::view::FloatView;
 use crate::backend::{Backend, Constant, Payload};
@@ -148,6 +148,25 @@ impl Payload for XnnGraph {
             }
         }
         out
+    }
+
+    fn check_blob(&self, blob: &Blob, new: &[u8]) -> std::result::Result<(), String> {
+        if blob.role != KeyRole::Scale {
+            return Ok(());
+        }
+        let Some(s) = self
+            .value(blob.value)
+            .and_then(|v| v.quant.as_ref())
+            .and_then(|q| q.scale_ref())
+        else {
+            return Ok(());
+        };
+        match quant::first_refused_scale(s.dtype, new, s.count) {
+            None => Ok(()),
+            Some(why) => Err(format!(
+                "{why}: XNNPACK accepts only positive normal floats as scales"
+            )),
+        }
     }
 
     fn plan_float_write(

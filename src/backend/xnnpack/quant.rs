@@ -28,8 +28,11 @@
 //! for 8-bit, 2³¹−1 for 32-bit), so no in-range value clips; per-tensor types keep their zero
 //! point and take `max|w| / min(qmax − zp, zp − qmin)`. Each scale is rounded to its stored
 //! dtype first and the weights are quantized with that stored value, so dequantizing the
-//! result reproduces it. XNNPACK refuses scales that are not positive normal floats, so an
-//! all-zero channel or group gets scale 1 and tiny ones at least `f32::MIN_POSITIVE`.
+//! result reproduces it. A channel or group whose stored scale need not change keeps it (its
+//! values all zero, or their largest magnitude already its top step), so an int32 bias that
+//! follows it keeps its bytes. XNNPACK refuses scales that are not positive normal floats,
+//! so an all-zero channel or group without such a scale gets scale 1, and tiny ones at least
+//! `f32::MIN_POSITIVE`.
 //! Non-finite inputs are refused, and so are values that scales kept as stored cannot
 //! represent (more than half a step beyond the range). Which writes get fresh scales is
 //! `placed::ScalePlan`'s rule; an int32 bias that follows a filter's scales is rescaled by
@@ -416,7 +419,8 @@ impl QuantLayout {
 
     /// Re-quantizes `input` (every element, row-major) with fresh scales computed from it:
     /// writes the stored bytes to `data_out` (exactly `data_nbytes()`) and the scales, in
-    /// their stored dtype, to `scales_out` (exactly `scale_nbytes()`).
+    /// their stored dtype, to `scales_out` (exactly `scale_nbytes()`). A scale `scales_out`
+    /// holds on entry is kept where it need not change (zeros never are).
     ///
     /// Biases (`qint32`, `qcint32`) live in XNNPACK's accumulator domain, whose scale is the
     /// input's scale times the filter's: give them [`Self::requantize_with_scales`] unless
@@ -763,7 +767,16 @@ impl QuantLayout {
     /// dtype may round up; near `f32::MAX` the largest quantized value times that scale would
     /// then dequantize to infinity, so such a scale is stored one step lower instead (the
     /// largest values then clamp, losing far less than half a step).
+    ///
+    /// The scale `out` holds on entry (the stored one, when the caller put it there; zeros
+    /// otherwise) is kept when it need not change: when XNNPACK accepts it and the values
+    /// under it are all zero, or their largest magnitude is its top step (`divisor` steps,
+    /// within half a step). The values then quantize with it as well as with a fresh one,
+    /// and an int32 bias that follows this scale keeps its bytes (see `placed::ScalePlan`).
     fn store_fresh_scale(&self, out: &mut [u8], index: usize, largest_bits: u32, divisor: f32) {
+        if self.scale_need_not_change(out, index, largest_bits, divisor) {
+            return;
+        }
         self.store_scale(out, index, fresh_scale(largest_bits, divisor));
         let stored = self.scale_at(out, index);
         if (stored * divisor).is_finite() {
@@ -779,6 +792,22 @@ impl QuantLayout {
                 self.store_scale(out, index, lower);
             }
         }
+    }
+
+    /// Whether scale `index` as `out` holds it can stay for values whose largest magnitude
+    /// has the bits `largest_bits` (see `store_fresh_scale`).
+    fn scale_need_not_change(
+        &self, out: &[u8], index: usize, largest_bits: u32, divisor: f32,
+    ) -> bool {
+        let prior = self.scale_at(out, index);
+        if scale_refusal(prior).is_some() {
+            return false;
+        }
+        if largest_bits == 0 {
+            return true;
+        }
+        let steps = f64::from(f32::from_bits(largest_bits)) / f64::from(prior);
+        steps.round() == f64::from(divisor)
     }
 
     /// Stores `scale` rounded to the stored dtype, so that reading it back gives the value
@@ -868,6 +897,70 @@ impl QuantLayout {
         }
         Ok(())
     }
+}
+
+/// Why XNNPACK refuses scale `value` (`xnn_define_*_quantized_tensor` require positive
+/// normal floats), or None when it accepts it.
+pub fn scale_refusal(value: f32) -> Option<&'static str> {
+    if value.is_nan() {
+        Some("not a number")
+    } else if value.is_infinite() {
+        Some("infinite")
+    } else if value == 0.0 {
+        Some("zero")
+    } else if value < 0.0 {
+        Some("negative")
+    } else if !value.is_normal() {
+        Some("a subnormal float")
+    } else {
+        None
+    }
+}
+
+/// A float as a message shows it: exponent notation when a decimal would be long.
+fn shown(v: f32) -> String {
+    let a = v.abs();
+    if v.is_finite() && a != 0.0 && !(1e-4..1e6).contains(&a) {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    }
+}
+
+/// The first scale in `bytes` (scales stored as `dtype`, at most `count` of them: those the
+/// graph declares and the bytes hold) that XNNPACK refuses, as a message naming its index
+/// and value: "scale 2 is 0 (zero)". The value checked is the one the runtime computes with
+/// (inline blockwise fp32 scales after their conversion to bfloat16).
+pub fn first_refused_scale(dtype: ScaleDtype, bytes: &[u8], count: u64) -> Option<String> {
+    let size = dtype.size() as usize;
+    let n = (bytes.len() / size).min(usize::try_from(count).unwrap_or(usize::MAX));
+    (0..n).find_map(|i| {
+        let at = &bytes[i * size..(i + 1) * size];
+        let (stored, used) = match dtype {
+            ScaleDtype::F32 => {
+                let v = f32::from_le_bytes([at[0], at[1], at[2], at[3]]);
+                (v, v)
+            }
+            ScaleDtype::Bf16 => {
+                let v = bf16_to_f32(u16::from_le_bytes([at[0], at[1]]));
+                (v, v)
+            }
+            ScaleDtype::F32RoundedToBf16 => {
+                let v = f32::from_le_bytes([at[0], at[1], at[2], at[3]]);
+                (v, bf16_to_f32(runtime_f32_to_bf16(v)))
+            }
+        };
+        let why = scale_refusal(used)?;
+        Some(if stored.to_bits() == used.to_bits() {
+            format!("scale {i} is {} ({why})", shown(stored))
+        } else {
+            format!(
+                "scale {i} is {}, which the runtime converts to bfloat16 {} ({why})",
+                shown(stored),
+                shown(used)
+            )
+        })
+    })
 }
 
 /// `largest / divisor` as a scale XNNPACK accepts: positive and normal (1 for all zeros).

@@ -196,7 +196,9 @@ pub fn plan_float_write(
                 )));
             };
             let old = layout.scale_values(stored).map_err(refuse)?;
-            let mut scales = vec![0u8; layout.scale_nbytes() as usize];
+            // The stored scales, for those that need not change (an all-zero channel keeps
+            // its scale, so its bias keeps its bytes).
+            let mut scales = stored[..layout.scale_nbytes() as usize].to_vec();
             // Whole scales per window: one pass. Else the largest magnitudes first, then the
             // values, in a second pass.
             let span = layout.scale_span().filter(|&s| s <= WINDOW as u64);
