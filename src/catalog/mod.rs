@@ -9,6 +9,7 @@
 
 pub mod names;
 pub mod payloads;
+pub mod sizes;
 pub mod weights;
 
 use std::sync::{Arc, OnceLock};

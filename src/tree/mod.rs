@@ -8,6 +8,8 @@
 
 pub mod build;
 pub mod cache;
+pub mod dot;
+pub mod hist;
 pub mod render;
 pub mod sharing;
 
@@ -44,6 +46,26 @@ pub enum TextKind {
     PayloadGraphTxt(usize, usize),
     /// `<backend>/values/<id>.json` of the value at this position of the payload's values.
     PayloadValueJson(usize, usize, usize),
+    /// `plans/<name>/graph.dot` of plan p.
+    PlanGraphDot(usize),
+    /// `<backend>/graph.dot` of the decoded payload of delegate (plan, delegate).
+    PayloadGraphDot(usize, usize),
+    /// A `.hist.svg`: always `picture::hist::HIST_SVG_LEN` bytes, so its size is known
+    /// before its values are read.
+    Hist(HistOf),
+    /// `sizes.svg` at the root: where the bytes of the files go.
+    SizesSvg,
+}
+
+/// Whose values a `.hist.svg` shows (docs/tree.md#histograms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HistOf {
+    /// Value i of plan p.
+    Value(usize, usize),
+    /// Named-data entry k of data file f (a key with a tensor layout).
+    Named(FileIndex, usize),
+    /// The value at position k of the decoded payload of delegate (plan, delegate).
+    Payload(usize, usize, usize),
 }
 
 #[derive(Debug)]
@@ -159,6 +181,10 @@ impl Tree {
                 .weights_if_listed(*file)
                 .map(|w| w.entries.iter().map(|e| e.location).collect())
                 .unwrap_or_default(),
+            Some(Content::Text {
+                kind: TextKind::Hist(of),
+                ..
+            }) => hist::sources(self, *of),
             _ => Vec::new(),
         }
     }
@@ -272,11 +298,25 @@ impl Tree {
         self.texts = TextCache::new(budget);
     }
 
-    /// The bytes of a generated text file: from the cache, else rendered (and cached).
+    /// The bytes of a generated text file: from the cache, else rendered (and cached); None
+    /// for a node that is not text, or a picture whose values cannot be read.
     pub fn text(&self, ino: Ino) -> Option<Arc<[u8]>> {
-        let Content::Text { kind, len } = &self.node(ino)?.content else {
-            return None;
+        self.try_text(ino).ok()
+    }
+
+    /// The bytes of a generated text file, or why they cannot be made: a histogram whose
+    /// values cannot be read fails (EIO), and the failure is not cached.
+    pub fn try_text(&self, ino: Ino) -> crate::error::Result<Arc<[u8]>> {
+        let Some(Content::Text { kind, len }) = self.node(ino).map(|n| &n.content) else {
+            return Err(crate::error::Error::not_found(format!(
+                "inode {ino} is not a generated file"
+            )));
         };
+        if let TextKind::Hist(of) = kind {
+            return self
+                .texts
+                .try_get_or_render(ino, || hist::render(self, ino, *of).map(Into::into));
+        }
         let text = self.texts.get_or_render(ino, || {
             let known = len.load(Ordering::Relaxed);
             if known != UNKNOWN_LEN {
@@ -289,7 +329,7 @@ impl Tree {
             }
         });
         len.store(text.len() as u64, Ordering::Relaxed);
-        Some(text)
+        Ok(text)
     }
 
     fn render_string(&self, ino: Ino, kind: TextKind) -> Arc<[u8]> {
@@ -478,7 +518,9 @@ impl Tree {
             Some(Content::Weights { file }) => self.weights(*file).len,
             Some(Content::Text { kind, len }) => {
                 let known = len.load(Ordering::Relaxed);
-                if known != UNKNOWN_LEN {
+                if let TextKind::Hist(_) = kind {
+                    crate::picture::hist::HIST_SVG_LEN as u64
+                } else if known != UNKNOWN_LEN {
                     known
                 } else if render::may_be_large(*kind) {
                     // Counted, not kept: `stat` of a large text must not hold it in memory.
