@@ -36,8 +36,10 @@ program is loaded, e.g. to register custom kernels) and `atol`.
 
 The tree list follows docs/tree.md: a mount of the .pte (with its .ptd files attached), or of
 the .ptd, including the `xnnpack/` and `vulkan/` directories of decoded delegates (2.7), the
-`weights.safetensors` at the root of each model tree (2.8), and `sizes.txt` and `sizes.json`
-at the root of the mount.
+`weights.safetensors` at the root of each model tree (2.8), `sizes.txt` and `sizes.json` at
+the root of the mount, and the pictures: `sizes.svg` at the root, `graph.dot` of every plan
+and decoded payload, and a `.hist.svg` beside every tensor whose values are numbers
+(`HIST_SCALAR_TYPES`, `XNN_HISTOGRAM`, `VK_HISTOGRAM`).
 
 Usage (with the ExecuTorch virtualenv's python):
 
@@ -226,6 +228,14 @@ def ptd_named_blobs(path):
     return {k: bytes(payload.buffers[e.buffer_index]) for k, e in payload.named_data.items()}
 
 
+# Scalar types whose tensors get a `.hist.svg` beside their `.npy` (docs/tree.md#histograms):
+# integers, bool, half, bfloat16, float and double.
+HIST_SCALAR_TYPES = {
+    "BYTE", "CHAR", "SHORT", "INT", "LONG", "HALF", "FLOAT", "DOUBLE", "BOOL", "BFLOAT16",
+    "UINT16", "UINT32", "UINT64",
+}
+
+
 def ptd_tree(manifest, prefix=""):
     paths = [prefix + "flat_tensor.json", prefix + "header.json", prefix + "named_data/"]
     keys = dedupe([encode_name(nd["key"]) for nd in manifest["named_data"]])
@@ -234,12 +244,14 @@ def ptd_tree(manifest, prefix=""):
         paths.append(f"{prefix}named_data/{name}.json")
         if "tensor_layout" in nd:
             paths.append(f"{prefix}named_data/{name}.npy")
+            if nd["tensor_layout"]["scalar_type"] in HIST_SCALAR_TYPES:
+                paths.append(f"{prefix}named_data/{name}.hist.svg")
     paths.append(prefix + "segments/")
     for i in range(len(manifest["segments"])):
         paths.append(f"{prefix}segments/{i}")
     paths.append(prefix + "weights.safetensors")
     if not prefix:
-        paths += ["sizes.json", "sizes.txt"]
+        paths += ["sizes.json", "sizes.svg", "sizes.txt"]
     return paths
 
 
@@ -264,6 +276,9 @@ XNN_DEQUANTIZED = {
     "xnn_datatype_qcint4",
     "xnn_datatype_qbint4",
 }
+
+# Datatypes whose constants get a `values/<id>.hist.svg`: those with a float32 view, and fp32.
+XNN_HISTOGRAM = XNN_DEQUANTIZED | {"xnn_datatype_fp32"}
 
 _XNN_SCHEMAS = {b"XN01": "schema.fbs", b"XN00": "runtime_schema.fbs"}
 
@@ -476,6 +491,10 @@ VK_NUMPY = {
     "BOOL": "|b1", "UINT8": "|u1", "INT8": "|i1", "INT32": "<i4", "FLOAT16": "<f2",
     "FLOAT32": "<f4", "FLOAT64": "<f8", "INT64": "<i8",
 }
+
+# Vulkan constants with a `values/<id>.hist.svg`: those with a float32 view (`f32`), and
+# FLOAT32 ones.
+VK_HISTOGRAM = {"FLOAT32"}
 
 # Operators whose arguments hold a 4-bit packed weight, its scales and the group size, by
 # argument position (their signatures are in the wheel's backends/vulkan/custom_ops_lib.py).
@@ -974,7 +993,7 @@ def pte_tree(manifest, ptd_manifests):
             paths.extend(ptd_tree(m, prefix=f"data/{stem}/"))
             ptd_keys.update(nd["key"] for nd in m["named_data"])
     paths += ["header.json", "program.json", "named_data/", "weights.safetensors"]
-    paths += ["sizes.json", "sizes.txt"]
+    paths += ["sizes.json", "sizes.svg", "sizes.txt"]
     # XNNPACK reads named data from the attached .ptd files and the .pte's own named data.
     xnn_keys = ptd_keys | {nd["key"] for nd in manifest["named_data"]}
     keys = dedupe([encode_name(nd["key"]) for nd in manifest["named_data"]])
@@ -985,7 +1004,10 @@ def pte_tree(manifest, ptd_manifests):
     plan_names = dedupe([encode_name(p["name"]) for p in manifest["plans"]])
     for name, plan in zip(plan_names, manifest["plans"]):
         d = f"plans/{name}/"
-        paths += [d, d + "plan.json", d + "operators.txt", d + "instructions.txt", d + "values/"]
+        paths += [
+            d, d + "plan.json", d + "operators.txt", d + "instructions.txt", d + "graph.dot",
+            d + "values/",
+        ]
         for v in plan["values"]:
             paths.append(f"{d}values/{v['index']}.json")
             if v["kind"] != "Tensor":
@@ -997,13 +1019,18 @@ def pte_tree(manifest, ptd_manifests):
             if has_bytes:
                 paths.append(f"{d}values/{v['index']}.bin")
                 paths.append(f"{d}values/{v['index']}.npy")
+                if v["scalar_type"] in HIST_SCALAR_TYPES:
+                    paths.append(f"{d}values/{v['index']}.hist.svg")
         paths.append(d + "delegates/")
         for j, dg in enumerate(plan["delegates"]):
             paths += [f"{d}delegates/{j}/", f"{d}delegates/{j}/delegate.json", f"{d}delegates/{j}/processed.bin"]
             xnn = dg.get("xnnpack")
             if xnn is not None:
                 x = f"{d}delegates/{j}/xnnpack/"
-                paths += [x, x + "header.json", x + "graph.json", x + "graph.txt", x + "values/"]
+                paths += [
+                    x, x + "header.json", x + "graph.json", x + "graph.txt", x + "graph.dot",
+                    x + "values/",
+                ]
                 for v in xnn["values"]:
                     paths.append(f"{x}values/{v['id']}.json")
                     if xnn_constant_present(xnn, v, xnn_keys):
@@ -1011,10 +1038,15 @@ def pte_tree(manifest, ptd_manifests):
                         paths.append(f"{x}values/{v['id']}.npy")
                         if v.get("datatype") in XNN_DEQUANTIZED:
                             paths.append(f"{x}values/{v['id']}.f32.npy")
+                        if v.get("datatype") in XNN_HISTOGRAM:
+                            paths.append(f"{x}values/{v['id']}.hist.svg")
             vk = dg.get("vulkan")
             if vk is not None:
                 x = f"{d}delegates/{j}/vulkan/"
-                paths += [x, x + "header.json", x + "graph.json", x + "graph.txt", x + "values/"]
+                paths += [
+                    x, x + "header.json", x + "graph.json", x + "graph.txt", x + "graph.dot",
+                    x + "values/",
+                ]
                 for v in vk["values"]:
                     paths.append(f"{x}values/{v['id']}.json")
                     if vk_constant_present(vk, v, xnn_keys):
@@ -1023,6 +1055,8 @@ def pte_tree(manifest, ptd_manifests):
                             paths.append(f"{x}values/{v['id']}.npy")
                         if "f32" in v:
                             paths.append(f"{x}values/{v['id']}.f32.npy")
+                        if "f32" in v or v.get("datatype") in VK_HISTOGRAM:
+                            paths.append(f"{x}values/{v['id']}.hist.svg")
     paths.append("segments/")
     for i in range(len(manifest["segments"])):
         paths.append(f"segments/{i}")

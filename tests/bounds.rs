@@ -651,8 +651,8 @@ fn ls_l_of_twenty_thousand_sharers_through_a_mount() {
     let took = t.elapsed();
     assert!(out.status.success(), "{out:?}");
     let listing = String::from_utf8(out.stdout).unwrap();
-    // A "total" line, then .bin, .json and .npy of each value.
-    assert_eq!(listing.lines().count(), 1 + 3 * SHARERS);
+    // A "total" line, then .bin, .hist.svg, .json and .npy of each value.
+    assert_eq!(listing.lines().count(), 1 + 4 * SHARERS);
     for line in listing.lines().filter(|l| l.ends_with(".json")) {
         let size: usize = line.split_whitespace().nth(4).unwrap().parse().unwrap();
         assert!(size < JSON_BOUND, "{line}");
@@ -665,7 +665,7 @@ fn ls_l_of_twenty_thousand_sharers_through_a_mount() {
     );
     eprintln!(
         "ls -l of {} entries: {took:?}; daemon peak RSS {} MiB",
-        3 * SHARERS,
+        4 * SHARERS,
         peak >> 20
     );
     let j: Value =

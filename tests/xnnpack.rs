@@ -268,6 +268,9 @@ fn tree_lists_name_the_constants_the_decoder_finds() {
                     if QuantLayout::for_f32_view(v).is_some() {
                         expected.push(format!("{}.f32.npy", v.id));
                     }
+                    if QuantLayout::for_value(v).is_ok() {
+                        expected.push(format!("{}.hist.svg", v.id));
+                    }
                 }
             }
             let mut listed: Vec<String> = listed.iter().map(|s| s.to_string()).collect();

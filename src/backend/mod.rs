@@ -84,6 +84,12 @@ pub trait Payload: Send + Sync + fmt::Debug {
     fn graph_json(&self, payload: &[u8]) -> Value;
     /// `graph.txt`: one line per node or operator call.
     fn graph_txt(&self) -> String;
+    /// `graph.dot`: the graph for Graphviz, nodes and calls as boxes, values as edges,
+    /// constants, inputs and outputs as nodes of their own
+    /// (docs/tree.md#graphs-as-graphviz-files).
+    fn graph_dot(&self) -> String;
+    /// The operator of each node or operator call, in graph order.
+    fn op_names(&self) -> Vec<String>;
     /// How many values the graph has.
     fn value_count(&self) -> usize;
     /// The id of value `k`.
@@ -97,6 +103,12 @@ pub trait Payload: Send + Sync + fmt::Debug {
     /// How value `k` dequantizes to float32 (`values/<id>.f32.npy`): half-precision and
     /// quantized constants whose layout the backend knows. `locate` resolves references.
     fn float_view(
+        &self, k: usize, locate: &dyn Fn(&BlobRef) -> Option<Location>,
+    ) -> Option<FloatView>;
+    /// The float32 values constant `k` stands for, for statistics (`values/<id>.hist.svg`,
+    /// docs/tree.md#histograms): the float view of a quantized or half-precision constant,
+    /// and a float32 constant as it is; None for constants of other types.
+    fn value_view(
         &self, k: usize, locate: &dyn Fn(&BlobRef) -> Option<Location>,
     ) -> Option<FloatView>;
     /// Whether a float32 array written to value `k`'s float view can be converted back

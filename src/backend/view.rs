@@ -60,6 +60,37 @@ pub trait Dequantize: Send + Sync + fmt::Debug {
     fn dequantize(
         &self, data: &[u8], scales: &[u8], first: u64, out: &mut [f32],
     ) -> std::result::Result<(), QuantError>;
+    /// The integer grid behind a quantized layout's values, for statistics
+    /// (docs/tree.md#histograms); None for float layouts.
+    fn grid(&self) -> Option<Grid> {
+        None
+    }
+    /// Calls `f(start, len, scale)` for consecutive runs of elements `first..end` that share
+    /// one scale (`scale` < `Grid::scales`). Only asked of layouts with a grid.
+    fn scale_runs(&self, first: u64, end: u64, f: &mut dyn FnMut(u64, usize, usize)) {
+        f(first, (end - first) as usize, 0)
+    }
+    /// Scale `index` as the runtime reads it; `scales` holds at least `scale_nbytes` bytes.
+    fn scale(&self, scales: &[u8], index: usize) -> f32 {
+        let _ = (scales, index);
+        1.0
+    }
+}
+
+/// How a quantized layout's values lie on a grid: element `e` is `q × scale[s(e)]`, `q` a
+/// stored integer minus the zero point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grid {
+    /// The lowest and highest `q` (stored range minus zero point): values there are clipped
+    /// by the quantization. None where the range is so wide that clipping means nothing
+    /// (32-bit integers).
+    pub levels: Option<(i64, i64)>,
+    /// The zero point subtracted from stored integers.
+    pub zero_point: i64,
+    /// Scale indices `scale_runs` can give (some may be padding no element uses).
+    pub scales: usize,
+    /// What one scale covers: `"tensor"`, `"channel"` or `"group"`.
+    pub unit: &'static str,
 }
 
 /// A constant's float32 view, placed in the model: the layout, and where its bytes and

@@ -87,6 +87,11 @@ impl Decoded {
         self.payload.float_view(k, &|r| self.locate(model, r))
     }
 
+    /// The values constant `k` stands for, placed in `model` (docs/tree.md#histograms).
+    pub fn value_view(&self, model: &Model, k: usize) -> Option<FloatView> {
+        self.payload.value_view(k, &|r| self.locate(model, r))
+    }
+
     /// `values/<k>.json` of this payload.
     pub fn value_json(&self, model: &Model, k: usize) -> Value {
         let resolve = |r: &BlobRef| {

@@ -134,6 +134,10 @@ impl Fs {
         if outcome_keeps_structure(&tree, &outcome) {
             // Handles opened before see that these changed (see `external`).
             self.changes.changed(&inval.inodes);
+            // Pictures of the changed values are rendered again (docs/tree.md#histograms).
+            for &changed in &inval.inodes {
+                tree.text_cache().remove(changed);
+            }
             // Same offsets and sizes, and the mapping shares the page cache with the write:
             // the snapshot already shows the new bytes. Re-parsing would cost time
             // proportional to the number of values, not to the tensor.

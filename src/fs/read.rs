@@ -331,9 +331,11 @@ pub fn read(tree: Arc<Tree>, ino: Ino, offset: u64, size: u32) -> Result<ReadDat
             }
         }
         Content::Text { .. } => {
-            let (text, start, end) = tree
-                .text_window(ino, offset, size)
-                .expect("a text node renders");
+            // A histogram reads tensor bytes: not from a file that shrank under its mapping.
+            for l in tree.reads(ino) {
+                check_still_backed(&tree, &l)?;
+            }
+            let (text, start, end) = tree.text_window(ino, offset, size)?;
             Part::Text { text, start, end }
         }
     };

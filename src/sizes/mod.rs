@@ -2,7 +2,8 @@
 //! in one class (weights, program, delegate graphs, padding, unused), by file and segment,
 //! by delegate, by dtype and quantization scheme, the largest tensors, bytes stored more
 //! than once, and how much of each data file the program reads. `ptefs info --sizes` and a
-//! mount's `sizes.txt` and `sizes.json` show it (`render`).
+//! mount's `sizes.txt` and `sizes.json` show it (`render`); `sizes.svg` draws each file's
+//! bytes as the blocks of a treemap (`blocks`).
 //!
 //! Invariants:
 //! - The classes partition each file: every byte is counted once, in the first class that
@@ -19,6 +20,7 @@
 //!   remote model's bytes are fetched only when read); everything else comes from the
 //!   tables. What is shown depends on the files' contents, and on whether one is remote.
 
+pub mod blocks;
 pub mod render;
 
 use std::collections::{BTreeMap, HashMap, HashSet};

@@ -3,7 +3,7 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 
-use super::{Content, Ino, Node, TextCache, TextKind, Tree, ROOT, UNKNOWN_LEN};
+use super::{Content, HistOf, Ino, Node, TextCache, TextKind, Tree, ROOT, UNKNOWN_LEN};
 use crate::backend::{BlobRef, FloatView};
 use crate::catalog::names::{self, Names};
 use crate::catalog::{Catalog, Decoded, Payloads};
@@ -186,6 +186,25 @@ fn has_npy(shape: &TensorShape) -> bool {
     scalar_type::numpy_descr_str(shape.scalar_type).is_some() && shape.physical_dims().is_some()
 }
 
+/// Whether a tensor whose bytes are at hand gets a `.hist.svg` (docs/tree.md#histograms):
+/// it has a `.npy` and its elements are numbers.
+fn has_hist(shape: &TensorShape) -> bool {
+    has_npy(shape) && super::hist::has_histogram(shape.scalar_type)
+}
+
+/// `<base>.hist.svg`, whose length is fixed.
+fn hist_node(dir: Ino, base: &str, of: HistOf) -> Node {
+    node(
+        dir,
+        file_name(base, ".hist.svg"),
+        Content::Text {
+            kind: TextKind::Hist(of),
+            len: AtomicU64::new(crate::picture::hist::HIST_SVG_LEN as u64),
+        },
+        None,
+    )
+}
+
 /// The `.npy` header of a tensor (docs/tree.md#physical-shape-and-dim-order: its physical
 /// shape), when NumPy can describe its type.
 fn npy_header(shape: &TensorShape) -> Option<Vec<u8>> {
@@ -240,6 +259,9 @@ fn add_ptd(b: &mut Builder, model: &Model, names: &Names, root: Ino, file: FileI
                 if let Some(npy) = npy {
                     b.push_node(npy);
                 }
+                if has_hist(shape) {
+                    b.push_node(hist_node(nd_dir, base, HistOf::Named(file, k)));
+                }
             }
             None => {
                 let ino = b.push(nd_dir, file_name(base, ".bin"), Content::Range(loc));
@@ -267,7 +289,8 @@ fn add_ptd(b: &mut Builder, model: &Model, names: &Names, root: Ino, file: FileI
 /// without comparing names.
 fn add_values(b: &mut Builder, plan_dir: Ino, p: usize, tensors: &[Option<Box<TensorData>>]) {
     let values = b.dir(plan_dir, "values");
-    // Per value, the inode of its `.json`; its `.bin` and `.npy`, when it has them, follow.
+    // Per value, the inode of its `.json`; its `.bin`, `.npy` and `.hist.svg`, when it has
+    // them, follow in that order (a `.hist.svg` only after a `.npy`).
     let mut first = Vec::with_capacity(tensors.len() + 1);
     let mut buf = [0u8; 20];
     for (i, t) in tensors.iter().enumerate() {
@@ -279,6 +302,9 @@ fn add_values(b: &mut Builder, plan_dir: Ino, p: usize, tensors: &[Option<Box<Te
             b.push_unlisted(bin);
             if let Some(npy) = npy {
                 b.push_unlisted(npy);
+                if has_hist(&t.shape) {
+                    b.push_unlisted(hist_node(values, base, HistOf::Value(p, i)));
+                }
             }
         }
     }
@@ -287,9 +313,12 @@ fn add_values(b: &mut Builder, plan_dir: Ino, p: usize, tensors: &[Option<Box<Te
     let mut children = Vec::with_capacity((end - first[0]) as usize);
     for i in decimal_order(tensors.len()) {
         let (json, next) = (first[i], first[i + 1]);
-        // Name order: ".bin" < ".json" < ".npy".
+        // Name order: ".bin" < ".hist.svg" < ".json" < ".npy".
         if next - json > 1 {
             children.push(json + 1);
+        }
+        if next - json > 3 {
+            children.push(json + 3);
         }
         children.push(json);
         if next - json > 2 {
@@ -359,6 +388,9 @@ fn payload_value_nodes(
             }),
         ));
     }
+    if dec.value_view(model, k).is_some() {
+        out.push(hist_node(dir, &base, HistOf::Payload(p, j, k)));
+    }
     if let Some(view) = dec.float_view(model, k).filter(FloatView::backed) {
         let write = payload
             .float_writable(k)
@@ -393,6 +425,7 @@ fn add_payload(
     b.text(dir, "header.json", TextKind::PayloadHeader(p, j));
     b.text(dir, "graph.json", TextKind::PayloadGraphJson(p, j));
     b.text(dir, "graph.txt", TextKind::PayloadGraphTxt(p, j));
+    b.text(dir, "graph.dot", TextKind::PayloadGraphDot(p, j));
     let values = b.dir(dir, "values");
     for k in 0..dec.payload.value_count() {
         for n in payload_value_nodes(model, dec, values, p, j, k) {
@@ -418,6 +451,7 @@ fn add_pte(
         b.text(plan_dir, "plan.json", TextKind::PlanJson(p));
         b.text(plan_dir, "operators.txt", TextKind::Operators(p));
         b.text(plan_dir, "instructions.txt", TextKind::Instructions(p));
+        b.text(plan_dir, "graph.dot", TextKind::PlanGraphDot(p));
         add_values(b, plan_dir, p, &layout.plans[p].tensors);
         let delegates_dir = b.dir(plan_dir, "delegates");
         for (j, loc) in layout.plans[p].delegates.iter().enumerate() {
@@ -477,8 +511,8 @@ pub fn node_count(model: &Model) -> u64 {
 
 /// The nodes `add_payload` makes for a decoded payload.
 fn payload_node_count(model: &Model, dec: &Decoded) -> u64 {
-    // <backend>/, header.json, graph.json, graph.txt, values/
-    let mut n = 5;
+    // <backend>/, header.json, graph.json, graph.txt, graph.dot, values/
+    let mut n = 6;
     let payload = &*dec.payload;
     for k in 0..payload.value_count() {
         n += 1;
@@ -494,6 +528,7 @@ fn payload_node_count(model: &Model, dec: &Decoded) -> u64 {
                 .npy
                 .is_some_and(|(d, s)| npy_backed(d, &s, &location)),
         );
+        n += u64::from(dec.value_view(model, k).is_some());
         n += u64::from(dec.float_view(model, k).is_some_and(|v| v.backed()));
     }
     n
@@ -501,7 +536,7 @@ fn payload_node_count(model: &Model, dec: &Decoded) -> u64 {
 
 /// `node_count` with the payloads already decoded.
 pub fn node_count_with(model: &Model, payloads: &Payloads) -> u64 {
-    let mut n: u64 = 3; // the root, sizes.txt, sizes.json
+    let mut n: u64 = 4; // the root, sizes.txt, sizes.json, sizes.svg
     let segments = |file: &crate::format::ModelFile| match &file.kind {
         Kind::Pte(p) => p.segments.len() as u64,
         Kind::Ptd(p) => p.segments.len() as u64,
@@ -512,7 +547,10 @@ pub fn node_count_with(model: &Model, payloads: &Payloads) -> u64 {
         for blob in model.ptd_blobs[f].iter().flatten() {
             n += 1;
             if blob.location.is_ok() {
-                n += 1 + blob.tensor.as_deref().map_or(0, |t| u64::from(has_npy(t)));
+                n += 1 + blob
+                    .tensor
+                    .as_deref()
+                    .map_or(0, |t| u64::from(has_npy(t)) + u64::from(has_hist(t)));
             }
         }
         n
@@ -522,12 +560,13 @@ pub fn node_count_with(model: &Model, payloads: &Payloads) -> u64 {
             // header.json, program.json, plans/, named_data/, segments/, weights.safetensors
             n += 6 + segments(&model.files[0]);
             for plan in &layout.plans {
-                // the directory, plan.json, operators.txt, instructions.txt, values/, delegates/
-                n += 6;
+                // the directory, plan.json, operators.txt, instructions.txt, graph.dot,
+                // values/, delegates/
+                n += 7;
                 for t in &plan.tensors {
                     n += 1;
                     if let Some(t) = t.as_ref().filter(|t| t.location.is_some()) {
-                        n += 1 + u64::from(has_npy(&t.shape));
+                        n += 1 + u64::from(has_npy(&t.shape)) + u64::from(has_hist(&t.shape));
                     }
                 }
                 for d in &plan.delegates {
@@ -586,6 +625,7 @@ impl Tree {
         let (names, payloads) = (&catalog.names, &catalog.payloads);
         b.text(ROOT, "sizes.txt", TextKind::SizesTxt);
         b.text(ROOT, "sizes.json", TextKind::SizesJson);
+        b.text(ROOT, "sizes.svg", TextKind::SizesSvg);
         match &model.files[0].kind {
             Kind::Pte(_) => {
                 for (dir, p, j) in add_pte(&mut b, model, names, payloads, ROOT) {
@@ -593,7 +633,9 @@ impl Tree {
                     add_payload(&mut b, model, dir, p, j, dec);
                 }
             }
-            Kind::Ptd(_) => add_ptd(&mut b, model, names, ROOT, 0),
+            Kind::Ptd(_) => {
+                add_ptd(&mut b, model, names, ROOT, 0);
+            }
         }
         debug_assert_eq!(
             b.nodes.len() as u64,

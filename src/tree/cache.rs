@@ -101,10 +101,21 @@ impl TextCache {
     /// The text of `ino`: cached, or made by `render` (in this thread, or in another one that
     /// was already rendering it), then cached.
     pub fn get_or_render(&self, ino: Ino, render: impl FnOnce() -> Arc<[u8]>) -> Arc<[u8]> {
+        match self.try_get_or_render(ino, || Ok::<_, std::convert::Infallible>(render())) {
+            Ok(text) => text,
+            Err(never) => match never {},
+        }
+    }
+
+    /// `get_or_render` for a rendering that can fail: a failure is returned and not kept,
+    /// and a waiter then renders for itself.
+    pub fn try_get_or_render<E>(
+        &self, ino: Ino, render: impl FnOnce() -> Result<Arc<[u8]>, E>,
+    ) -> Result<Arc<[u8]>, E> {
         let mut inner = self.lock();
         loop {
             if let Some(text) = Self::lookup(&mut inner, ino) {
-                return text;
+                return Ok(text);
             }
             if inner.rendering.insert(ino) {
                 break;
@@ -121,9 +132,21 @@ impl TextCache {
             }
         }
         let _done = Done(self, ino);
-        let text = render();
+        let text = render()?;
         self.insert(ino, text.clone());
-        text
+        Ok(text)
+    }
+
+    /// Forgets the text of `ino` (its source bytes changed).
+    pub fn remove(&self, ino: Ino) {
+        let mut inner = self.lock();
+        if let Some(entry) = inner.map.remove(&ino) {
+            inner.bytes -= cost(&entry.text);
+            inner.queue.retain(|&q| q != ino);
+        }
+        if inner.oversize.as_ref().is_some_and(|(o, _, _)| *o == ino) {
+            inner.oversize = None;
+        }
     }
 
     pub fn budget(&self) -> usize {

@@ -8,6 +8,8 @@
 
 pub mod build;
 pub mod cache;
+pub mod dot;
+pub mod hist;
 pub mod render;
 pub mod sharing;
 
@@ -48,6 +50,26 @@ pub enum TextKind {
     /// `sizes.txt` and `sizes.json` at the root: where the bytes go (`crate::sizes`).
     SizesTxt,
     SizesJson,
+    /// `plans/<name>/graph.dot` of plan p.
+    PlanGraphDot(usize),
+    /// `<backend>/graph.dot` of the decoded payload of delegate (plan, delegate).
+    PayloadGraphDot(usize, usize),
+    /// A `.hist.svg`: always `picture::hist::HIST_SVG_LEN` bytes, so its size is known
+    /// before its values are read.
+    Hist(HistOf),
+    /// `sizes.svg` at the root: where the bytes of the files go.
+    SizesSvg,
+}
+
+/// Whose values a `.hist.svg` shows (docs/tree.md#histograms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HistOf {
+    /// Value i of plan p.
+    Value(usize, usize),
+    /// Named-data entry k of data file f (a key with a tensor layout).
+    Named(FileIndex, usize),
+    /// The value at position k of the decoded payload of delegate (plan, delegate).
+    Payload(usize, usize, usize),
 }
 
 #[derive(Debug)]
@@ -166,6 +188,10 @@ impl Tree {
                 .weights_if_listed(*view)
                 .map(|w| w.entries.iter().map(|e| e.location).collect())
                 .unwrap_or_default(),
+            Some(Content::Text {
+                kind: TextKind::Hist(of),
+                ..
+            }) => hist::sources(self, *of),
             _ => Vec::new(),
         }
     }
@@ -290,11 +316,25 @@ impl Tree {
         self.texts = TextCache::new(budget);
     }
 
-    /// The bytes of a generated text file: from the cache, else rendered (and cached).
+    /// The bytes of a generated text file: from the cache, else rendered (and cached); None
+    /// for a node that is not text, or a picture whose values cannot be read.
     pub fn text(&self, ino: Ino) -> Option<Arc<[u8]>> {
-        let Content::Text { kind, len } = &self.node(ino)?.content else {
-            return None;
+        self.try_text(ino).ok()
+    }
+
+    /// The bytes of a generated text file, or why they cannot be made: a histogram whose
+    /// values cannot be read fails (EIO), and the failure is not cached.
+    pub fn try_text(&self, ino: Ino) -> crate::error::Result<Arc<[u8]>> {
+        let Some(Content::Text { kind, len }) = self.node(ino).map(|n| &n.content) else {
+            return Err(crate::error::Error::not_found(format!(
+                "inode {ino} is not a generated file"
+            )));
         };
+        if let TextKind::Hist(of) = kind {
+            return self
+                .texts
+                .try_get_or_render(ino, || hist::render(self, ino, *of).map(Into::into));
+        }
         let text = self.texts.get_or_render(ino, || {
             let known = len.load(Ordering::Relaxed);
             if known != UNKNOWN_LEN {
@@ -307,7 +347,7 @@ impl Tree {
             }
         });
         len.store(text.len() as u64, Ordering::Relaxed);
-        Some(text)
+        Ok(text)
     }
 
     /// Bytes `[offset, offset + size)` of a generated text file (clamped to its end), as a
@@ -316,9 +356,11 @@ impl Tree {
     /// (docs/tree.md#size-limits), the window alone, rendered from the text's marks.
     pub fn text_window(
         &self, ino: Ino, offset: u64, size: u32,
-    ) -> Option<(Arc<[u8]>, usize, usize)> {
-        let Content::Text { kind, len } = &self.node(ino)?.content else {
-            return None;
+    ) -> crate::error::Result<(Arc<[u8]>, usize, usize)> {
+        let Some(Content::Text { kind, len }) = self.node(ino).map(|n| &n.content) else {
+            return Err(crate::error::Error::not_found(format!(
+                "inode {ino} is not a generated file"
+            )));
         };
         let budget = self.texts.budget() as u64;
         let known = len.load(Ordering::Relaxed);
@@ -326,15 +368,15 @@ impl Tree {
             if let Some(marked) = self.marked(ino, *kind, len).filter(|m| m.len > budget) {
                 let bytes = render::render_window(self, *kind, &marked, offset, size);
                 let n = bytes.len();
-                return Some((bytes.into(), 0, n));
+                return Ok((bytes.into(), 0, n));
             }
         }
-        let text = self.text(ino)?;
+        let text = self.try_text(ino)?;
         let start = offset.min(text.len() as u64) as usize;
         let end = offset
             .saturating_add(u64::from(size))
             .min(text.len() as u64) as usize;
-        Some((text, start, end))
+        Ok((text, start, end))
     }
 
     /// The length and marks of a text of a `render::windowed` kind: kept in the cache, or
@@ -538,7 +580,9 @@ impl Tree {
             Some(Content::Weights { view }) => self.weights(*view).len,
             Some(Content::Text { kind, len }) => {
                 let known = len.load(Ordering::Relaxed);
-                if known != UNKNOWN_LEN {
+                if let TextKind::Hist(_) = kind {
+                    crate::picture::hist::HIST_SVG_LEN as u64
+                } else if known != UNKNOWN_LEN {
                     known
                 } else if render::may_be_large(*kind) {
                     // Counted, not kept: `stat` of a large text must not hold it in memory

@@ -65,6 +65,19 @@ pub fn render(tree: &Tree, ino: Ino, kind: TextKind, out: &mut dyn Write) -> fmt
             Ok(sizes) => out.write_str(&sizes.json_text()),
             Err(e) => to_text(&json!({ "error": e }), out),
         },
+        TextKind::PlanGraphDot(p) => super::dot::plan_dot(tree, p, out),
+        TextKind::PayloadGraphDot(p, j) => match tree.catalog.payloads.get(p, j) {
+            Some(dec) => out.write_str(&dec.payload.graph_dot()),
+            None => Ok(()),
+        },
+        TextKind::Hist(of) => {
+            let svg = super::hist::render(tree, ino, of).map_err(|_| fmt::Error)?;
+            out.write_str(&String::from_utf8_lossy(&svg))
+        }
+        TextKind::SizesSvg => {
+            let root = crate::sizes::blocks::root(&tree.catalog);
+            out.write_str(&crate::picture::treemap::svg("where the bytes go", &root))
+        }
     }
 }
 
@@ -84,6 +97,7 @@ pub fn may_be_large(kind: TextKind) -> bool {
             | TextKind::FlatTensorJson(_)
             | TextKind::Operators(_)
             | TextKind::Instructions(_)
+            | TextKind::PlanGraphDot(_)
     )
 }
 
@@ -884,7 +898,7 @@ fn flat_tensor_json(model: &Model, file: usize) -> Lazy<'_> {
     ])
 }
 
-fn plan(model: &Model, p: usize) -> &pte_fb::ExecutionPlanT {
+pub(super) fn plan(model: &Model, p: usize) -> &pte_fb::ExecutionPlanT {
     &model
         .pte()
         .expect("plans exist only in a .pte")
@@ -1251,7 +1265,7 @@ fn named_data_json(tree: &Tree, ino: Ino, file: usize, k: usize) -> Value {
     Value::Object(m)
 }
 
-fn operator_name(o: &pte_fb::OperatorT) -> String {
+pub(super) fn operator_name(o: &pte_fb::OperatorT) -> String {
     let name = o.name.as_deref().unwrap_or("");
     match o.overload.as_deref() {
         Some(ov) if !ov.is_empty() => format!("{name}.{ov}"),

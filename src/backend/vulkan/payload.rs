@@ -8,9 +8,9 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::quant::{Packing, QuantError, QuantLayout};
-use super::{render, VkGraph, BACKEND_ID};
+use super::{render, Datatype, VkGraph, BACKEND_ID};
 use crate::backend::blob::{Blob, BlobRef, BlobWrite, KeyRole, Resolver};
-use crate::backend::view::{Dequantize, FloatView};
+use crate::backend::view::{Dequantize, FloatView, Grid};
 use crate::backend::{Backend, Constant, Payload};
 use crate::content::Source;
 use crate::error::{Error, Result};
@@ -74,6 +74,81 @@ impl Dequantize for QuantLayout {
     ) -> std::result::Result<(), QuantError> {
         QuantLayout::dequantize(self, data, scales, first, out)
     }
+
+    fn grid(&self) -> Option<Grid> {
+        match self.packing {
+            Packing::Q4gsw {
+                groups, scale_cols, ..
+            } => Some(Grid {
+                levels: Some((-8, 7)),
+                zero_point: 8,
+                scales: usize::try_from(groups.checked_mul(scale_cols)?).ok()?,
+                unit: "group",
+            }),
+            Packing::Float32 | Packing::Float16 => None,
+        }
+    }
+
+    fn scale_runs(&self, first: u64, end: u64, f: &mut dyn FnMut(u64, usize, usize)) {
+        let Packing::Q4gsw {
+            group_size,
+            cols,
+            scale_cols,
+            ..
+        } = self.packing
+        else {
+            return f(first, (end - first) as usize, 0);
+        };
+        // Element [n][k] uses scale [k / group_size][n]: runs are the groups of a row.
+        let mut e = first;
+        while e < end {
+            let (n, k) = (e / cols, e % cols);
+            let len = (group_size - k % group_size).min(end - e);
+            f(
+                e,
+                len as usize,
+                ((k / group_size) * scale_cols + n) as usize,
+            );
+            e += len;
+        }
+    }
+
+    fn scale(&self, scales: &[u8], index: usize) -> f32 {
+        match self.packing {
+            Packing::Q4gsw {
+                scale_datatype: Datatype::FLOAT16,
+                ..
+            } => super::quant::f16_to_f32(u16::from_le_bytes([
+                scales[2 * index],
+                scales[2 * index + 1],
+            ])),
+            _ => f32::from_le_bytes([
+                scales[4 * index],
+                scales[4 * index + 1],
+                scales[4 * index + 2],
+                scales[4 * index + 3],
+            ]),
+        }
+    }
+}
+
+impl VkGraph {
+    /// A view of value `v`'s constant with `layout`, its bytes (and scales) located.
+    fn place(
+        &self, v: &super::VkValue, layout: QuantLayout,
+        locate: &dyn Fn(&BlobRef) -> Option<Location>,
+    ) -> Option<FloatView> {
+        let data = locate(v.constant()?)?;
+        let scales = match layout.packing {
+            Packing::Q4gsw { scales, .. } => Some(locate(self.value(scales)?.constant()?)?),
+            Packing::Float32 | Packing::Float16 => None,
+        };
+        Some(FloatView {
+            layout: Arc::new(layout),
+            data,
+            scales,
+        })
+    }
 }
 
 impl Payload for VkGraph {
@@ -91,6 +166,14 @@ impl Payload for VkGraph {
 
     fn graph_txt(&self) -> String {
         render::graph_txt(self)
+    }
+
+    fn graph_dot(&self) -> String {
+        render::graph_dot(self)
+    }
+
+    fn op_names(&self) -> Vec<String> {
+        self.chain.iter().map(|c| c.name.clone()).collect()
     }
 
     fn value_count(&self) -> usize {
@@ -128,17 +211,14 @@ impl Payload for VkGraph {
         &self, k: usize, locate: &dyn Fn(&BlobRef) -> Option<Location>,
     ) -> Option<FloatView> {
         let v = self.values.get(k)?;
-        let layout = QuantLayout::for_f32_view(self, v)?;
-        let data = locate(v.constant()?)?;
-        let scales = match layout.packing {
-            Packing::Q4gsw { scales, .. } => Some(locate(self.value(scales)?.constant()?)?),
-            Packing::Float32 | Packing::Float16 => None,
-        };
-        Some(FloatView {
-            layout: Arc::new(layout),
-            data,
-            scales,
-        })
+        self.place(v, QuantLayout::for_f32_view(self, v)?, locate)
+    }
+
+    fn value_view(
+        &self, k: usize, locate: &dyn Fn(&BlobRef) -> Option<Location>,
+    ) -> Option<FloatView> {
+        let v = self.values.get(k)?;
+        self.place(v, QuantLayout::for_values(self, v)?, locate)
     }
 
     fn float_writable(&self, _k: usize) -> bool {

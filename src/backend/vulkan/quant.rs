@@ -249,11 +249,16 @@ impl QuantLayout {
     /// FLOAT16 constants and 4-bit weights whose bytes (and scales' bytes) have the size
     /// the graph records for them.
     pub fn for_f32_view(graph: &VkGraph, value: &VkValue) -> Option<QuantLayout> {
+        QuantLayout::for_values(graph, value).filter(|l| l.packing != Packing::Float32)
+    }
+
+    /// The layout of the values a constant stands for (docs/tree.md#histograms): its float32
+    /// view, or a FLOAT32 constant as it is, when the sizes match.
+    pub fn for_values(graph: &VkGraph, value: &VkValue) -> Option<QuantLayout> {
         let size = value.constant()?.size();
         let layout = QuantLayout::for_value(graph, value).ok()?;
         let sizes_match = match layout.packing {
-            Packing::Float32 => return None,
-            Packing::Float16 => size == layout.data_nbytes,
+            Packing::Float32 | Packing::Float16 => size == layout.data_nbytes,
             Packing::Q4gsw { scales, .. } => {
                 size == layout.data_nbytes
                     && graph

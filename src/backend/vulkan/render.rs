@@ -295,6 +295,102 @@ pub fn value_json_in(graph: &VkGraph, value: &VkValue, resolve: Resolver) -> Val
     v
 }
 
+/// `graph.dot` (docs/tree.md#graphs-as-graphviz-files): each operator call a box, tensors as
+/// edges from the call that writes them (its last argument) to each call that reads them,
+/// constant tensors (datatype and dims), graph inputs and outputs as nodes of their own.
+/// Scalars and lists of numbers are in the call's tooltip, not drawn.
+pub fn graph_dot(graph: &VkGraph) -> String {
+    use crate::picture::dot::{DotGraph, Style};
+    use std::collections::HashMap;
+    let mut g = DotGraph::new(&format!(
+        "Vulkan graph: {} operator calls, {} values",
+        graph.chain.len(),
+        graph.values.len()
+    ));
+    // The tensors an argument stands for: itself, or the tensors of a value list.
+    let tensors = |id: u32| -> Vec<u32> {
+        match graph.value(id).map(|v| &v.kind) {
+            Some(ValueKind::Tensor(_)) => vec![id],
+            Some(ValueKind::ValueList(items)) => items
+                .iter()
+                .copied()
+                .filter(|&i| graph.value(i).and_then(VkValue::tensor).is_some())
+                .collect(),
+            _ => Vec::new(),
+        }
+    };
+    let mut source: HashMap<u32, String> = HashMap::new();
+    for (k, &id) in graph.input_ids.iter().flatten().enumerate() {
+        let node = format!("in{k}");
+        let what = graph
+            .value(id)
+            .and_then(VkValue::tensor)
+            .map_or_else(String::new, |t| t.describe());
+        g.node(
+            &node,
+            &format!("input {k}\n%{id} {what}"),
+            Style::Input,
+            None,
+        );
+        for t in tensors(id) {
+            source.insert(t, node.clone());
+        }
+    }
+    for v in graph.constants() {
+        let Some(t) = v.tensor() else { continue };
+        let node = format!("v{}", v.id);
+        g.node(
+            &node,
+            &format!("%{}\n{}", v.id, t.describe()),
+            Style::Constant,
+            None,
+        );
+        source.insert(v.id, node);
+    }
+    for (k, call) in graph.chain.iter().enumerate() {
+        let node = format!("n{k}");
+        let line = call_line(graph, k, call);
+        let tip = line.split_once('\t').map_or(line.as_str(), |(_, l)| l);
+        g.node(&node, &format!("{k} {}", call.name), Style::Op, Some(tip));
+        let args = call.args();
+        let (inputs, output) = match args.split_last() {
+            Some((out, inputs)) => (inputs, Some(*out)),
+            None => (args, None),
+        };
+        for &a in inputs {
+            for t in tensors(a) {
+                if let Some(from) = source.get(&t) {
+                    g.edge(from, &node, &operand(graph, t));
+                }
+            }
+        }
+        if let Some(out) = output {
+            for t in tensors(out) {
+                source.insert(t, node.clone());
+            }
+        }
+    }
+    for (k, &id) in graph.output_ids.iter().flatten().enumerate() {
+        let node = format!("out{k}");
+        let what = graph
+            .value(id)
+            .and_then(VkValue::tensor)
+            .map_or_else(String::new, |t| t.describe());
+        g.node(
+            &node,
+            &format!("output {k}\n%{id} {what}"),
+            Style::Output,
+            None,
+        );
+        for t in tensors(id) {
+            if let Some(from) = source.get(&t) {
+                g.edge(from, &node, &format!("%{t}"));
+            }
+        }
+    }
+    g.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

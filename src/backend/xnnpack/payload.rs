@@ -63,6 +63,14 @@ impl Payload for XnnGraph {
         render::graph_txt(self)
     }
 
+    fn graph_dot(&self) -> String {
+        render::graph_dot(self)
+    }
+
+    fn op_names(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.display_op()).collect()
+    }
+
     fn value_count(&self) -> usize {
         self.values.len()
     }
@@ -99,6 +107,12 @@ impl Payload for XnnGraph {
         &self, k: usize, locate: &dyn Fn(&BlobRef) -> Option<Location>,
     ) -> Option<FloatView> {
         Placed::f32_view(self.values.get(k)?, false, locate).map(FloatView::from)
+    }
+
+    fn value_view(
+        &self, k: usize, locate: &dyn Fn(&BlobRef) -> Option<Location>,
+    ) -> Option<FloatView> {
+        Placed::values_view(self.values.get(k)?, locate).map(FloatView::from)
     }
 
     fn float_writable(&self, k: usize) -> bool {

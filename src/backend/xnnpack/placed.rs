@@ -31,7 +31,22 @@ impl Placed {
     pub fn f32_view(
         value: &XnnValue, sized: bool, locate: &dyn Fn(&BlobRef) -> Option<Location>,
     ) -> Option<Placed> {
-        let layout = QuantLayout::for_f32_view(value)?;
+        Self::place(value, QuantLayout::for_f32_view(value)?, sized, locate)
+    }
+
+    /// The values constant `value` stands for: its float32 view, or the floats of an `fp32`
+    /// constant (docs/tree.md#histograms).
+    pub fn values_view(
+        value: &XnnValue, locate: &dyn Fn(&BlobRef) -> Option<Location>,
+    ) -> Option<Placed> {
+        value.constant.as_ref()?;
+        Self::place(value, QuantLayout::for_value(value).ok()?, false, locate)
+    }
+
+    fn place(
+        value: &XnnValue, layout: QuantLayout, sized: bool,
+        locate: &dyn Fn(&BlobRef) -> Option<Location>,
+    ) -> Option<Placed> {
         let data = locate(value.constant.as_ref()?)?;
         if sized && data.range.len() < layout.data_nbytes() {
             return None;

@@ -1222,6 +1222,43 @@ impl crate::backend::view::Dequantize for QuantLayout {
     ) -> Result<(), QuantError> {
         QuantLayout::dequantize(self, data, scales, first, out)
     }
+
+    fn grid(&self) -> Option<crate::backend::view::Grid> {
+        let (zero_point, unit) = match self.scheme {
+            Scheme::Float => return None,
+            Scheme::PerTensor { zero_point } => (i64::from(zero_point), "tensor"),
+            Scheme::PerChannel { .. } => (0, "channel"),
+            Scheme::Blockwise { .. } => (0, "group"),
+        };
+        let levels = match self.datatype {
+            Datatype::QINT32 | Datatype::QCINT32 => None,
+            dt => {
+                let (lo, hi) = int_range(dt);
+                let offset = if dt.is_4bit() { 0 } else { zero_point };
+                Some((lo - offset, hi - offset))
+            }
+        };
+        Some(crate::backend::view::Grid {
+            levels,
+            zero_point: if self.datatype.is_4bit() {
+                8
+            } else {
+                zero_point
+            },
+            scales: usize::try_from(self.scale_count).ok()?,
+            unit,
+        })
+    }
+
+    fn scale_runs(&self, first: u64, end: u64, f: &mut dyn FnMut(u64, usize, usize)) {
+        for run in self.runs(first, end) {
+            f(run.start, run.len, run.scale);
+        }
+    }
+
+    fn scale(&self, scales: &[u8], index: usize) -> f32 {
+        self.scale_at(scales, index)
+    }
 }
 
 #[cfg(test)]

@@ -388,6 +388,79 @@ pub fn value_json(value: &XnnValue, resolve: Resolver) -> Value {
     })
 }
 
+/// `graph.dot` (docs/tree.md#graphs-as-graphviz-files): each node a box with its operator
+/// and attributes, values as edges from the node that writes them to each node that reads
+/// them, constants (datatype and dims), external inputs and outputs as nodes of their own.
+pub fn graph_dot(graph: &XnnGraph) -> String {
+    use crate::picture::dot::{DotGraph, Style};
+    use std::collections::HashMap;
+    let mut g = DotGraph::new(&format!(
+        "XNNPACK graph: {} nodes, {} values",
+        graph.nodes.len(),
+        graph.values.len()
+    ));
+    // Where each value comes from: its own node (input, constant) or the node writing it.
+    let mut source: HashMap<u32, String> = HashMap::new();
+    for v in &graph.values {
+        if let Some(k) = v.external().input {
+            let id = format!("v{}", v.id);
+            g.node(
+                &id,
+                &format!("input {k}\n%{} {}", v.id, v.describe()),
+                Style::Input,
+                None,
+            );
+            source.insert(v.id, id);
+        } else if v.constant.is_some() {
+            let id = format!("v{}", v.id);
+            g.node(
+                &id,
+                &format!("%{}\n{}", v.id, v.describe()),
+                Style::Constant,
+                None,
+            );
+            source.insert(v.id, id);
+        }
+    }
+    for (k, node) in graph.nodes.iter().enumerate() {
+        let id = format!("n{k}");
+        let attrs = attributes(node);
+        let mut label = format!("{k} {}", node.display_op());
+        if !attrs.is_empty() {
+            label.push('\n');
+            label.push_str(&attrs.join("\n"));
+        }
+        g.node(&id, &label, Style::Op, None);
+        for f in &node.fields {
+            if let FieldValue::Input(v) = f.value {
+                if let Some(from) = source.get(&v) {
+                    g.edge(from, &id, &operand(graph, v));
+                }
+            }
+        }
+        for f in &node.fields {
+            if let FieldValue::Output(v) = f.value {
+                source.insert(v, id.clone());
+            }
+        }
+    }
+    for v in &graph.values {
+        if let Some(k) = v.external().output {
+            let id = format!("out{}", v.id);
+            g.node(
+                &id,
+                &format!("output {k}\n%{} {}", v.id, v.describe()),
+                Style::Output,
+                None,
+            );
+            if let Some(from) = source.get(&v.id) {
+                g.edge(from, &id, &format!("%{}", v.id));
+            }
+        }
+    }
+    g.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
