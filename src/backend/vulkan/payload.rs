@@ -60,6 +60,12 @@ impl Dequantize for QuantLayout {
     ) -> std::result::Result<(), QuantError> {
         QuantLayout::dequantize(self, data, scales, first, out)
     }
+
+    fn steps(
+        &self, data: &[u8], scales: &[u8], first: u64, out: &mut [f32],
+    ) -> std::result::Result<(), QuantError> {
+        QuantLayout::steps(self, data, scales, first, out)
+    }
 }
 
 impl Payload for VkGraph {
