@@ -20,5 +20,6 @@ pub mod fs;
 pub mod fuse;
 pub mod guard;
 pub mod host;
+pub mod names;
 pub mod source;
 pub mod tree;
