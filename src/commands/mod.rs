@@ -1,6 +1,7 @@
 //! The commands of the command line, one module each: `mount` and `umount`, the commands
 //! that work without FUSE on the same core as a mount (`ls`, `cat`, `info`, `check`), and
-//! those that change or repair files (`apply`, `recover`). What several commands share
+//! those that change or repair files (`apply`, `recover`), and `names`, which learns what
+//! the tensors are called. What several commands share
 //! lives below them: file claims and the mount table in `crate::host`, journal recovery in
 //! `crate::edit::recovery`.
 //!
@@ -16,6 +17,7 @@ pub mod check;
 pub mod info;
 pub mod ls;
 pub mod mount;
+pub mod names;
 pub mod recover;
 pub mod umount;
 
@@ -25,6 +27,7 @@ pub use check::{check, check_limited, check_report, shortened_names, CheckReport
 pub use info::info;
 pub use ls::ls;
 pub use mount::{mount, MountRequest};
+pub use names::{names, NamesRequest};
 pub use recover::recover;
 pub use umount::umount;
 
