@@ -97,7 +97,13 @@ pub fn float_spacing(v: f32, format: FloatFormat) -> f32 {
     } else {
         -127
     };
-    2f64.powi(exp.max(format.min_exp) - format.fraction) as f32
+    // 2^e as a float32: normal down to 2^-126, subnormal down to 2^-149.
+    let e = exp.max(format.min_exp) - format.fraction;
+    if e >= -126 {
+        f32::from_bits(((e + 127) as u32) << 23)
+    } else {
+        f32::from_bits(1 << (e + 149).max(0))
+    }
 }
 
 /// A constant's float32 view, placed in the model: the layout, and where its bytes and
@@ -257,6 +263,13 @@ mod tests {
         assert_eq!(float_spacing(0.0, FLOAT16), 2f32.powi(-24));
         assert_eq!(float_spacing(2f32.powi(-20), FLOAT16), 2f32.powi(-24));
         assert_eq!(float_spacing(1e-40, BFLOAT16), 2f32.powi(-133));
+        assert_eq!(float_spacing(3e38, FLOAT32), 2f32.powi(127 - 23));
+        // Every binary32 exponent against the definition.
+        for exp in -149..=127 {
+            let v = 2f64.powi(exp) as f32;
+            let want = 2f64.powi(exp.max(-126) - 23) as f32;
+            assert_eq!(float_spacing(v, FLOAT32), want, "2^{exp}");
+        }
     }
 
     /// Windows come out in order and whole, however the values straddle the source's

@@ -256,6 +256,12 @@ impl ModelFile {
             .map_err(|e| FormatError::new(format!("{}: cannot read: {e}", self.path.display())))
     }
 
+    /// Drops the mapping's pages of `range` from the process (`ByteSource::release`): for
+    /// readers that go through a large file once.
+    pub fn release(&self, range: ByteRange) {
+        self.source.release(range.start()..range.end());
+    }
+
     /// The bytes at `location` (a location of this file).
     pub fn read_at(&self, location: &Location) -> Result<Cow<'_, [u8]>, FormatError> {
         self.read(location.range)

@@ -316,6 +316,11 @@ impl Checkpoint {
         Checkpoint::open_single(source, file, Kind::Peft, Some(adapter))
     }
 
+    /// Drops the mapping's pages of `t` from the process once it has been read through.
+    pub fn release(&self, t: &Tensor) {
+        self.sources[t.file].release(t.start..t.end);
+    }
+
     /// The bytes of `t`, a tensor of this checkpoint (a slice of the mapping).
     pub fn bytes(&self, t: &Tensor) -> Result<Cow<'_, [u8]>> {
         let source = &self.sources[t.file];

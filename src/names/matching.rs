@@ -18,7 +18,8 @@
 //! with a BatchNorm folded in is reported as such, and not named.
 //!
 //! Invariants: memory beyond the model's and checkpoints' mappings is a fixed sample per
-//! stored tensor and windows of `WINDOW` elements; every stored tensor is read through
+//! stored tensor and windows of `WINDOW` elements, and of the mappings only the tensors being
+//! compared stay resident (each is released once read through); every stored tensor is read through
 //! `Stored::values`, every checkpoint tensor through `Checkpoint::bytes`, both bounded by
 //! what their headers say; the outcome depends only on the files' contents, not on the
 //! order of evaluation.
@@ -160,6 +161,11 @@ fn in_steps(x: f64, y: f64, step: f64) -> f64 {
     }
 }
 
+/// The sum of squared errors (in steps) above which `n` elements are past the screen.
+fn screen_sum(n: usize) -> f64 {
+    SCREEN * SCREEN * n as f64
+}
+
 /// Accumulates a comparison.
 #[derive(Debug, Clone, Copy, Default)]
 struct Tally {
@@ -174,14 +180,47 @@ impl Tally {
     fn add(&mut self, x: f64, y: f64, step: f64) {
         let r = in_steps(x, y, step);
         self.sum_sq += r * r;
-        self.max_steps = self.max_steps.max(r);
+        // `r` is never NaN; `d` is NaN only for a NaN value, which counts as infinitely far.
+        if r > self.max_steps {
+            self.max_steps = r;
+        }
         let d = (x - y).abs();
-        self.max_error = if d.is_nan() {
-            f64::INFINITY
-        } else {
-            self.max_error.max(d)
-        };
+        if d > self.max_error {
+            self.max_error = d;
+        } else if d.is_nan() {
+            self.max_error = f64::INFINITY;
+        }
         self.n += 1;
+    }
+
+    /// The tally of a window, in independent lanes (one long chain of additions and
+    /// maxima would wait on itself at every element).
+    fn of_window(xs: &[f64], ys: &[f32], steps: &[f32]) -> Tally {
+        const LANES: usize = 4;
+        let mut lanes = [Tally::default(); LANES];
+        let n = xs.len().min(ys.len()).min(steps.len());
+        let whole = n / LANES * LANES;
+        for base in (0..whole).step_by(LANES) {
+            for (l, lane) in lanes.iter_mut().enumerate() {
+                let k = base + l;
+                lane.add(xs[k], f64::from(ys[k]), f64::from(steps[k]));
+            }
+        }
+        for k in whole..n {
+            lanes[0].add(xs[k], f64::from(ys[k]), f64::from(steps[k]));
+        }
+        let mut out = Tally::default();
+        for lane in &lanes {
+            out.merge(lane);
+        }
+        out
+    }
+
+    fn merge(&mut self, other: &Tally) {
+        self.sum_sq += other.sum_sq;
+        self.max_steps = self.max_steps.max(other.max_steps);
+        self.max_error = self.max_error.max(other.max_error);
+        self.n += other.n;
     }
 
     fn rms(&self) -> f64 {
@@ -232,23 +271,86 @@ impl CkptValues<'_> {
     }
 }
 
+/// The windows a comparison reads into, allocated once and reused for every tensor.
+struct Windows {
+    x: Vec<f64>,
+    y: Vec<f32>,
+    steps: Vec<f32>,
+}
+
+impl Windows {
+    fn new() -> Windows {
+        Windows {
+            x: vec![0.0; WINDOW],
+            y: vec![0.0; WINDOW],
+            steps: vec![0.0; WINDOW],
+        }
+    }
+}
+
+/// `out[k] = get(bytes, map.source(first + k))`, the element type and the map's kind decided
+/// once for the window rather than per element.
+#[inline(always)]
+fn gather_as(
+    bytes: &[u8], map: &IndexMap, first: u64, out: &mut [f64], get: impl Fn(&[u8], usize) -> f64,
+) {
+    if map.is_identity() {
+        let first = first as usize;
+        for (k, o) in out.iter_mut().enumerate() {
+            *o = get(bytes, first + k);
+        }
+    } else {
+        for (k, o) in out.iter_mut().enumerate() {
+            *o = get(bytes, map.source(first + k as u64) as usize);
+        }
+    }
+}
+
+impl CkptValues<'_> {
+    /// The checkpoint elements of stored elements `first .. first + out.len()`.
+    fn gather(&self, map: &IndexMap, first: u64, out: &mut [f64]) {
+        let b = self.bytes;
+        match self.elem {
+            Elem::F32 if map.is_identity() => {
+                let at = first as usize * 4;
+                let bytes = &b[at..at + 4 * out.len()];
+                for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                    *o = f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+                }
+            }
+            Elem::F32 => gather_as(b, map, first, out, |b, i| {
+                f64::from(f32::from_le_bytes([
+                    b[4 * i],
+                    b[4 * i + 1],
+                    b[4 * i + 2],
+                    b[4 * i + 3],
+                ]))
+            }),
+            Elem::BF16 => gather_as(b, map, first, out, |b, i| {
+                f64::from(f32::from_bits(
+                    u32::from(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])) << 16,
+                ))
+            }),
+            elem => gather_as(b, map, first, out, |b, i| elem.get(b, i)),
+        }
+    }
+}
+
 /// Compares a checkpoint tensor with a stored one on every element; None as soon as it
 /// cannot end within `BOUND`.
-fn confirm(x: &CkptValues<'_>, map: &IndexMap, values: &Values<'_>) -> Result<Option<Quality>> {
+fn confirm(
+    x: &CkptValues<'_>, map: &IndexMap, values: &Values<'_>, w: &mut Windows,
+) -> Result<Option<Quality>> {
     let numel = map.numel();
     let limit = BOUND * BOUND * numel as f64;
-    let mut y = vec![0f32; WINDOW.min(numel as usize)];
-    let mut steps = vec![0f32; y.len()];
     let mut tally = Tally::default();
     let mut first = 0u64;
     while first < numel {
         let n = (numel - first).min(WINDOW as u64) as usize;
-        values.read(first, &mut y[..n])?;
-        values.steps(first, &mut steps[..n])?;
-        for e in 0..n {
-            let s = first + e as u64;
-            tally.add(x.get(map.source(s)), f64::from(y[e]), f64::from(steps[e]));
-        }
+        values.read(first, &mut w.y[..n])?;
+        values.steps(first, &mut w.steps[..n])?;
+        x.gather(map, first, &mut w.x[..n]);
+        tally.merge(&Tally::of_window(&w.x[..n], &w.y[..n], &w.steps[..n]));
         if tally.sum_sq > limit {
             return Ok(None);
         }
@@ -292,7 +394,10 @@ pub fn learn(catalog: &Catalog, checkpoints: &[Checkpoint]) -> Result<Learned> {
             .values(model)
             .and_then(|v| sample_of(&v, &sample_positions(st.numel())))
         {
-            Ok(sample) => samples.push(Some(sample)),
+            Ok(sample) => {
+                st.release(model);
+                samples.push(Some(sample));
+            }
             Err(e) => {
                 samples.push(None);
                 unreadable.push((s, e.message().to_string()));
@@ -313,6 +418,7 @@ pub fn learn(catalog: &Catalog, checkpoints: &[Checkpoint]) -> Result<Learned> {
 
     // Every checkpoint tensor against every candidate: confirmed matches and the closest
     // miss.
+    let mut windows = Windows::new();
     struct Found {
         checkpoint: usize,
         tensor: Tensor,
@@ -350,6 +456,8 @@ pub fn learn(catalog: &Catalog, checkpoints: &[Checkpoint]) -> Result<Learned> {
             let positions = sample_positions(t.numel());
             let mut maps: Vec<(Transform, IndexMap)> = Vec::new();
             let mut scored: Vec<Scored> = Vec::new();
+            // The smallest sum of squared errors of a candidate the screen leaves out.
+            let mut closest = f64::INFINITY;
             for (shape, members) in &groups {
                 for transform in candidates(&t.shape, shape) {
                     let Some(map) = IndexMap::new(&transform, &t.shape, shape) else {
@@ -358,9 +466,22 @@ pub fn learn(catalog: &Catalog, checkpoints: &[Checkpoint]) -> Result<Learned> {
                     let xs: Vec<f64> = positions.iter().map(|&p| x.get(map.source(p))).collect();
                     for &s in members {
                         let sample = samples[s].as_ref().expect("grouped only when read");
+                        // A candidate whose partial sum is past both the screen and the
+                        // closest miss so far can be neither confirmed nor the runner-up:
+                        // most stop after a few elements.
+                        let stop = screen_sum(xs.len()).max(closest);
                         let mut tally = Tally::default();
                         for (k, &xv) in xs.iter().enumerate() {
                             tally.add(xv, f64::from(sample.values[k]), f64::from(sample.steps[k]));
+                            if tally.sum_sq > stop {
+                                break;
+                            }
+                        }
+                        if tally.n < xs.len() as u64 {
+                            continue;
+                        }
+                        if tally.rms() > SCREEN {
+                            closest = closest.min(tally.sum_sq);
                         }
                         scored.push(Scored {
                             stored: s,
@@ -378,7 +499,10 @@ pub fn learn(catalog: &Catalog, checkpoints: &[Checkpoint]) -> Result<Learned> {
                 }
                 let values = stored[sc.stored].values(model)?;
                 let (transform, map) = &maps[sc.map];
-                if let Some(quality) = confirm(&x, map, &values)? {
+                let confirmed_quality = confirm(&x, map, &values, &mut windows)?;
+                drop(values);
+                stored[sc.stored].release(model);
+                if let Some(quality) = confirmed_quality {
                     confirmed[i] = true;
                     f.matches.push(Match {
                         stored: sc.stored,
@@ -398,6 +522,8 @@ pub fn learn(catalog: &Catalog, checkpoints: &[Checkpoint]) -> Result<Learned> {
                     transform: maps[sc.map].0.clone(),
                     quality: sc.sample.quality(),
                 });
+            drop(bytes);
+            ck.release(t);
             found.push(f);
         }
     }
@@ -484,7 +610,11 @@ pub fn learn(catalog: &Catalog, checkpoints: &[Checkpoint]) -> Result<Learned> {
                     hits.push((s, transform, factors, quality));
                 }
             }
+            drop(values);
+            st.release(model);
         }
+        drop(bytes);
+        ck.release(&n.tensor);
         if let [(s, transform, factors, quality)] = &hits[..] {
             named[*s] = true;
             n.outcome = Outcome::Folded {

@@ -62,6 +62,18 @@ impl Stored {
         self.shape.iter().product()
     }
 
+    /// Drops the mapping's pages of its bytes (and scales) from the process once they have
+    /// been read through.
+    pub fn release(&self, model: &Model) {
+        let locations: Vec<Location> = match &self.reading {
+            Reading::Dense { location, .. } => vec![*location],
+            Reading::View(view) => view.sources().collect(),
+        };
+        for l in locations {
+            model.files[l.file].release(l.range);
+        }
+    }
+
     /// Its values, ready to read: the bytes borrowed from the model's mapping.
     pub fn values<'m>(&self, model: &'m Model) -> Result<Values<'m>> {
         let read = |l: &Location| -> Result<Cow<'m, [u8]>> {

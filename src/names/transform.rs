@@ -353,6 +353,11 @@ impl IndexMap {
         self.numel
     }
 
+    /// Whether every element stays where it is.
+    pub fn is_identity(&self) -> bool {
+        matches!(self.kind, MapKind::Identity)
+    }
+
     /// The checkpoint index of stored element `s` (< numel).
     #[inline]
     pub fn source(&self, s: u64) -> u64 {

@@ -203,4 +203,78 @@ impl ByteSource for Mapped {
     fn poisoned(&self) -> bool {
         self.watch.poisoned()
     }
+
+    fn release(&self, range: Range<u64>) {
+        let (Ok(start), Ok(end)) = (usize::try_from(range.start), usize::try_from(range.end))
+        else {
+            return;
+        };
+        let end = end.min(self.map.len());
+        if start >= end {
+            return;
+        }
+        // SAFETY: the mapping is shared and read-only, so its contents are the file's: pages
+        // dropped are read back from the page cache unchanged, and slices borrowed from them
+        // keep their bytes. A failure only leaves the pages mapped.
+        let _ = unsafe {
+            self.map
+                .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    /// Resident pages of the mapping that holds `addr`, from /proc/self/smaps, in KiB.
+    fn resident_kib(addr: usize) -> Option<u64> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let mut inside = false;
+        for line in smaps.lines() {
+            if let Some((range, _)) = line.split_once(' ') {
+                if let Some((a, b)) = range.split_once('-') {
+                    if let (Ok(a), Ok(b)) =
+                        (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                    {
+                        inside = a <= addr && addr < b;
+                        continue;
+                    }
+                }
+            }
+            if inside {
+                if let Some(kb) = line.strip_prefix("Rss:") {
+                    return kb.trim().trim_end_matches(" kB").trim().parse().ok();
+                }
+            }
+        }
+        None
+    }
+
+    /// Released pages leave the process and read back unchanged, partial pages included.
+    #[test]
+    fn released_pages_read_back_unchanged() {
+        let bytes: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8).collect();
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        file.write_all(&bytes).unwrap();
+        let local = LocalFile::open(file.path(), false).unwrap();
+        let source = local.map().unwrap();
+        let whole = source.mapped().unwrap();
+        let sum: u64 = whole.iter().map(|&b| u64::from(b)).sum();
+        assert!(sum > 0);
+        let addr = whole.as_ptr() as usize;
+        let before = resident_kib(addr).expect("the mapping in /proc/self/smaps");
+        source.release(100..(1 << 20) - 100);
+        let after = resident_kib(addr).expect("the mapping in /proc/self/smaps");
+        assert!(
+            after + 512 < before,
+            "resident {before} KiB, then {after} KiB"
+        );
+        assert_eq!(source.read(0..1 << 20).unwrap().as_ref(), &bytes[..]);
+        // Ranges past the end, or empty, are ignored.
+        source.release(1 << 30..1 << 31);
+        source.release(5..5);
+    }
 }

@@ -38,6 +38,11 @@ pub trait ByteSource: Send + Sync {
     fn poisoned(&self) -> bool {
         false
     }
+
+    /// Says the bytes of `range` will not be read again soon: a mapping drops its pages of
+    /// them from the process (the page cache keeps them; a later read maps them again), so
+    /// reading a large file through once holds a window of it, not all of it.
+    fn release(&self, _range: Range<u64>) {}
 }
 
 /// `range` of `bytes`, or the error a source gives for a range it does not hold.
