@@ -511,6 +511,46 @@ fn two_names_as_close_to_one_stored_tensor_are_ambiguous() {
 }
 
 #[test]
+fn one_name_under_two_transforms_is_ambiguous() {
+    // zero_biases.pte stores three distinct zero biases of 4 elements; zeros are the same
+    // whichever way rows are ordered, so a zero tensor matches each under every transform.
+    let file = extra("zero_biases.pte");
+    let dir = tempfile::tempdir().unwrap();
+    let ck = write_checkpoint(
+        dir.path(),
+        "z.safetensors",
+        &[("bias", "F32", vec![4], vec![0; 16])],
+    );
+    let model = Arc::new(Model::open(&file, &[] as &[PathBuf]).unwrap());
+    let checkpoint = Checkpoint::open(&ck).unwrap();
+    let learned = learn(&Catalog::of(model.clone()), &[checkpoint]).unwrap();
+    let map = NameMap::from_learned(&learned, &model, &[Checkpoint::open(&ck).unwrap()]);
+    match &map.name("bias").unwrap().status {
+        Status::Ambiguous { candidates, with } => {
+            assert!(with.is_empty(), "no other name: {with:?}");
+            let mut paths: Vec<&str> = candidates.iter().map(|c| c.stored.path.as_str()).collect();
+            paths.sort_unstable();
+            paths.dedup();
+            assert_eq!(paths.len(), 3, "{paths:?}");
+            assert!(candidates
+                .iter()
+                .any(|c| c.transform == Transform::Identity));
+            assert!(candidates
+                .iter()
+                .any(|c| matches!(c.transform, Transform::Rotary { .. })));
+        }
+        other => panic!("{other:?}"),
+    }
+    let report = ptefs::names::report::render(&map);
+    assert!(
+        report.contains(
+            "several transforms match one stored tensor: which layout it has is not known"
+        ),
+        "{report}"
+    );
+}
+
+#[test]
 fn another_models_checkpoint_matches_nothing() {
     let e = learn_map("names_qwen", &[checkpoints("names_llama/hf")]).unwrap_err();
     assert_eq!(

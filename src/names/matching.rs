@@ -18,11 +18,12 @@
 //! with a BatchNorm folded in is reported as such, and not named.
 //!
 //! Invariants: memory beyond the model's and checkpoints' mappings is a fixed sample per
-//! stored tensor and windows of `WINDOW` elements, and of the mappings only the tensors being
-//! compared stay resident (each is released once read through); every stored tensor is read through
-//! `Stored::values`, every checkpoint tensor through `Checkpoint::bytes`, both bounded by
-//! what their headers say; the outcome depends only on the files' contents, not on the
-//! order of evaluation.
+//! stored tensor and windows of `WINDOW` elements, and of the mappings only the tensors
+//! being compared stay resident (each is released once read through); every stored tensor
+//! is read through `Stored::values`, every checkpoint tensor through `Checkpoint::bytes`,
+//! both bounded by what their headers say; the outcome depends only on the files' contents,
+//! not on the order of evaluation (a candidate stops early only when it can be neither
+//! confirmed nor the closest miss).
 
 use std::collections::{BTreeMap, HashMap};
 

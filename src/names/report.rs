@@ -167,7 +167,7 @@ pub fn render(map: &NameMap) -> String {
                     if with.is_empty() {
                         let _ = writeln!(
                             out,
-                            "      one stored tensor under several transforms: which one is not known"
+                            "      several transforms match one stored tensor: which layout it has is not known"
                         );
                     } else {
                         let _ = writeln!(out, "      as close to: {}", with.join(", "));
