@@ -287,12 +287,14 @@ def describe(t):
 
 
 def summarize(the_map):
+    """`N names, M targets (K identity, ...)`."""
     counts = {}
     for entry in the_map["names"].values():
         for t in entry.get("targets", []):
             k = describe(t["transform"])
             counts[k] = counts.get(k, 0) + 1
-    return ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    return f"{len(the_map['names'])} names, {sum(counts.values())} targets ({kinds})"
 
 
 def case_llama_hf():
@@ -300,12 +302,12 @@ def case_llama_hf():
     e = exported("llama_hf")
     the_map, _ = learn(e)
     check_names(e, the_map)
-    heads = sorted({(n.split(".")[-2], t["transform"].get("heads"))
+    heads = sorted({(n.split(".")[-2], t["transform"]["heads"])
                     for n, v in the_map["names"].items() for t in v["targets"]
                     if t["transform"]["kind"] == "rotary"})
     if heads != [("k_proj", 2), ("q_proj", 4)]:
         raise Failure(f"rotary head counts {heads}")
-    return f"{len(the_map['names'])} names: {summarize(the_map)}; heads {heads}"
+    return f"{summarize(the_map)}; q and k rotary with {dict(heads)} heads"
 
 
 def case_qwen_hf():
@@ -316,7 +318,7 @@ def case_qwen_hf():
     embed = the_map["names"]["model.embed_tokens.weight"]["targets"]
     if [t["stored"] for t in embed] != ["FLOAT[256,64]", "XNNPACK qcint4[256,64]"]:
         raise Failure(f"the tied embedding is stored as {[t['stored'] for t in embed]}")
-    return f"{len(the_map['names'])} names: {summarize(the_map)}; embedding stored twice"
+    return f"{summarize(the_map)}; the embedding stored twice ({embed[0]['stored']}, {embed[1]['stored']})"
 
 
 def case_llama_lora():
@@ -327,7 +329,7 @@ def case_llama_lora():
     adapter = the_map["checkpoints"][1].get("adapter")
     if adapter is None or (adapter["r"], adapter["lora_alpha"]) != (2, 4):
         raise Failure(f"adapter config {adapter}")
-    return f"{len(the_map['names'])} names: {summarize(the_map)}; adapter r=2 alpha=4"
+    return f"{summarize(the_map)}; adapter r={adapter['r']} alpha={adapter['lora_alpha']}"
 
 
 CASES = [case_llama_hf, case_qwen_hf, case_llama_lora]
