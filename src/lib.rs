@@ -21,6 +21,7 @@ pub mod fs;
 pub mod fuse;
 pub mod guard;
 pub mod host;
+pub mod names;
 pub mod picture;
 pub mod quote;
 pub mod sizes;

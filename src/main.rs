@@ -3,7 +3,7 @@
 //! (`ptefs completions`, `ptefs man`), so they cannot drift from the parser.
 //!
 //! Commands that write what they find to standard output (`ls`, `cat`, `info`, `check`,
-//! `recover`, `completions`, `man`) end quietly on a closed pipe, as `cat` does (`ptefs ls
+//! `names`, `recover`, `completions`, `man`) end quietly on a closed pipe, as `cat` does (`ptefs ls
 //! … | head`): SIGPIPE ends them. `mount`, `umount` and `apply` keep ignoring it, so a
 //! closed pipe never interrupts a daemon or a commit.
 
@@ -13,7 +13,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
-use ptefs::commands::{self, apply, ApplyRequest, DiffRequest, MountRequest};
+use ptefs::commands::{self, apply, ApplyRequest, DiffRequest, MountRequest, NamesRequest};
 use ptefs::tree::DEFAULT_MAX_NODES;
 
 /// Help of `--max-nodes`.
@@ -230,6 +230,29 @@ enum Command {
         /// Print the report as JSON (docs/commands.md#diff---json).
         #[arg(long)]
         json: bool,
+    },
+    /// Learn the names of the model's tensors from the checkpoint(s) it was exported from,
+    /// by content: print which stored tensor each checkpoint tensor is, with its transform
+    /// and how clear the match is; -o writes the name map. Exit 1 when nothing matched.
+    Names {
+        file: PathBuf,
+        /// Attach a .ptd (repeatable), as with `mount --data`.
+        #[arg(long = "data", value_name = "PTD")]
+        data: Vec<PathBuf>,
+        /// A checkpoint: a .safetensors file, a model.safetensors.index.json, a PEFT adapter,
+        /// or a directory holding one (repeatable: a base and its adapter).
+        #[arg(
+            long = "from",
+            value_name = "CHECKPOINT",
+            required_unless_present = "map"
+        )]
+        from: Vec<PathBuf>,
+        /// Write the name map (JSON) to this file.
+        #[arg(short = 'o', value_name = "MAP.json", conflicts_with = "map")]
+        output: Option<PathBuf>,
+        /// Check a map against the files (their SHA-256 and tensors) and print its report.
+        #[arg(long, value_name = "MAP.json", conflicts_with = "from")]
+        map: Option<PathBuf>,
     },
     /// Finish or discard the commit a crash interrupted, without FUSE: a whole journal is
     /// replayed, a torn one discarded (saying why), any other refused and left in place.
@@ -456,6 +479,22 @@ fn run(command: Command) -> ExitCode {
                     ExitCode::from(2)
                 }
             }
+        }
+        Command::Names {
+            file,
+            data,
+            from,
+            output,
+            map,
+        } => {
+            let req = NamesRequest {
+                file,
+                data,
+                from,
+                output,
+                map,
+            };
+            exit_code(commands::names(&req, &mut out).map(|_| ()))
         }
         Command::Recover { file, data } => exit_code(commands::recover(&file, &data, &mut out)),
         Command::Completions { shell } => {

@@ -175,6 +175,21 @@ fn data_files_beside_are_named_by_their_keys_and_only_when_trusted() {
 }
 
 #[test]
+fn a_pte_attached_with_data_is_refused_naming_it_first() {
+    let model = fixtures_dir().join("linear_ext.pte");
+    let other = fixtures_dir().join("add_mul.pte").canonicalize().unwrap();
+    let says = format!(
+        "{}: attached with --data, so expected a .ptd (identifier FT01), found a .pte (identifier ET12)",
+        other.display()
+    );
+    // `check` reports it as the file's defect; `info` refuses.
+    let out = ptefs(&[&"check", &model, &"--data", &other]);
+    assert!(!out.status.success());
+    assert!(text(&out.stdout).contains(&says), "{}", text(&out.stdout));
+    refused(&ptefs(&[&"info", &model, &"--data", &other]), &says);
+}
+
+#[test]
 fn delegate_keys_no_attached_file_has_are_defects_and_warnings() {
     if fuse_missing() {
         return;

@@ -38,7 +38,7 @@ use crate::format::layout::Location;
 use crate::format::{FormatError, Model};
 
 pub use blob::{locate, Blob, BlobRef, BlobWrite, KeyRole, ResolvedBytes, Resolver};
-pub use view::{Dequantize, FloatView};
+pub use view::{float_spacing, Dequantize, FloatFormat, FloatView};
 
 /// Every backend this build decodes, one line each.
 pub static BACKENDS: &[&dyn Backend] = &[&xnnpack::Xnnpack, &vulkan::Vulkan];

@@ -10,7 +10,7 @@
 //! and rounds to nearest for the others (32- and 64-bit integers, double).
 
 use super::float16::{bf16_to_f32, f16_to_f32};
-use super::view::{Dequantize, QuantError};
+use super::view::{self, Dequantize, QuantError};
 
 /// An element type whose values a float32 can show.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -203,11 +203,59 @@ impl Dequantize for PlainLayout {
         self.element.convert(bytes, out);
         Ok(())
     }
+
+    /// Integers are a unit apart; floats by the spacing of their format at each value.
+    fn steps(
+        &self, data: &[u8], scales: &[u8], first: u64, out: &mut [f32],
+    ) -> Result<(), QuantError> {
+        self.dequantize(data, scales, first, out)?;
+        let format = match self.element {
+            Element::F64 => view::FloatFormat {
+                fraction: 52,
+                min_exp: -1022,
+            },
+            Element::F32 => view::FLOAT32,
+            Element::F16 => view::FLOAT16,
+            Element::BF16 => view::BFLOAT16,
+            _ => {
+                out.fill(1.0);
+                return Ok(());
+            }
+        };
+        for o in out.iter_mut() {
+            *o = view::float_spacing(*o, format);
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn steps_are_a_unit_for_integers_and_the_format_spacing_for_floats() {
+        let step = |element: Element, bytes: Vec<u8>| {
+            let layout = PlainLayout::new(element, vec![1]).unwrap();
+            let mut out = [0f32];
+            layout.steps(&bytes, &[], 0, &mut out).unwrap();
+            out[0]
+        };
+        assert_eq!(
+            step(Element::F32, 1f32.to_le_bytes().to_vec()),
+            2f32.powi(-23)
+        );
+        assert_eq!(
+            step(Element::F16, 0x3c00u16.to_le_bytes().to_vec()),
+            2f32.powi(-10)
+        );
+        assert_eq!(
+            step(Element::BF16, 0x4000u16.to_le_bytes().to_vec()),
+            2f32.powi(-6)
+        );
+        assert_eq!(step(Element::I8, vec![0x85]), 1.0);
+        assert_eq!(step(Element::I64, 5i64.to_le_bytes().to_vec()), 1.0);
+    }
 
     #[test]
     fn converts_every_element_type() {

@@ -60,6 +60,14 @@ pub trait Dequantize: Send + Sync + fmt::Debug {
     fn dequantize(
         &self, data: &[u8], scales: &[u8], first: u64, out: &mut [f32],
     ) -> std::result::Result<(), QuantError>;
+    /// The quantization step of elements `first .. first + out.len()` into `out`: how far
+    /// apart the values the storage can hold are around each element, the scale of an
+    /// integer element, the spacing of a float format at the element's value
+    /// ([`float_spacing`]). Quantizing a float32 source puts the stored value within about
+    /// half a step of it (docs/names.md#noise).
+    fn steps(
+        &self, data: &[u8], scales: &[u8], first: u64, out: &mut [f32],
+    ) -> std::result::Result<(), QuantError>;
     /// The integer grid behind a quantized layout's values, for statistics
     /// (docs/tree.md#histograms); None for float layouts.
     fn grid(&self) -> Option<Grid> {
@@ -91,6 +99,46 @@ pub struct Grid {
     pub scales: usize,
     /// What one scale covers: `"tensor"`, `"channel"` or `"group"`.
     pub unit: &'static str,
+}
+
+/// A binary float format: bits of fraction, and the exponent of its smallest normal value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FloatFormat {
+    pub fraction: i32,
+    pub min_exp: i32,
+}
+
+pub const FLOAT32: FloatFormat = FloatFormat {
+    fraction: 23,
+    min_exp: -126,
+};
+pub const FLOAT16: FloatFormat = FloatFormat {
+    fraction: 10,
+    min_exp: -14,
+};
+pub const BFLOAT16: FloatFormat = FloatFormat {
+    fraction: 7,
+    min_exp: -126,
+};
+
+/// The distance between `v` (a value of `format`, widened to float32) and the next larger
+/// value of `format` in magnitude: `2^(max(exponent(v), min_exp) - fraction)`, subnormals
+/// and zero spaced as the smallest normals are.
+pub fn float_spacing(v: f32, format: FloatFormat) -> f32 {
+    let bits = v.to_bits() & 0x7fff_ffff;
+    // A float32 subnormal (or zero) is below every normal exponent.
+    let exp = if bits >= 0x0080_0000 {
+        (bits >> 23) as i32 - 127
+    } else {
+        -127
+    };
+    // 2^e as a float32: normal down to 2^-126, subnormal down to 2^-149.
+    let e = exp.max(format.min_exp) - format.fraction;
+    if e >= -126 {
+        f32::from_bits(((e + 127) as u32) << 23)
+    } else {
+        f32::from_bits(1 << (e + 149).max(0))
+    }
 }
 
 /// A constant's float32 view, placed in the model: the layout, and where its bytes and
@@ -245,6 +293,27 @@ mod tests {
     use std::io::Write;
 
     use super::*;
+
+    #[test]
+    fn spacing_of_each_format() {
+        assert_eq!(float_spacing(1.0, FLOAT32), f32::EPSILON);
+        assert_eq!(float_spacing(-1.5, FLOAT32), f32::EPSILON);
+        assert_eq!(float_spacing(1.0, FLOAT16), 2f32.powi(-10));
+        assert_eq!(float_spacing(1.0, BFLOAT16), 2f32.powi(-7));
+        assert_eq!(float_spacing(1000.0, FLOAT16), 0.5);
+        // Zero and subnormals are spaced as the smallest normal numbers.
+        assert_eq!(float_spacing(0.0, FLOAT32), 2f32.powi(-149));
+        assert_eq!(float_spacing(0.0, FLOAT16), 2f32.powi(-24));
+        assert_eq!(float_spacing(2f32.powi(-20), FLOAT16), 2f32.powi(-24));
+        assert_eq!(float_spacing(1e-40, BFLOAT16), 2f32.powi(-133));
+        assert_eq!(float_spacing(3e38, FLOAT32), 2f32.powi(127 - 23));
+        // Every binary32 exponent against the definition.
+        for exp in -149..=127 {
+            let v = 2f64.powi(exp) as f32;
+            let want = 2f64.powi(exp.max(-126) - 23) as f32;
+            assert_eq!(float_spacing(v, FLOAT32), want, "2^{exp}");
+        }
+    }
 
     /// Windows come out in order and whole, however the values straddle the source's
     /// chunks (8 MiB reads of a file, here from an offset that is not a multiple of 4).

@@ -1,6 +1,7 @@
 //! The commands of the command line, one module each: `mount` and `umount`, the commands
 //! that work without FUSE on the same core as a mount (`ls`, `cat`, `info`, `check`), and
-//! those that change or repair files (`apply`, `recover`). What several commands share
+//! those that change or repair files (`apply`, `recover`), and `names`, which learns what
+//! the tensors are called. What several commands share
 //! lives below them: file claims and the mount table in `crate::host`, journal recovery in
 //! `crate::edit::recovery`.
 //!
@@ -18,6 +19,7 @@ pub mod diff;
 pub mod info;
 pub mod ls;
 pub mod mount;
+pub mod names;
 pub mod recover;
 pub mod umount;
 
@@ -28,6 +30,7 @@ pub use diff::{diff, DiffRequest};
 pub use info::info;
 pub use ls::ls;
 pub use mount::{mount, MountRequest};
+pub use names::{names, NamesRequest};
 pub use recover::recover;
 pub use umount::umount;
 

@@ -447,12 +447,11 @@ impl Model {
         }
         for f in &files[1..] {
             if let Kind::Pte(_) = f.kind {
-                return Err(FormatError::mismatch(
-                    "--data file",
-                    f.path.display(),
-                    "a .ptd (identifier FT01)",
-                    "a .pte (identifier ET12)",
-                ));
+                // Like every refusal of a file, it starts with the file's path.
+                return Err(FormatError::new(format!(
+                    "{}: attached with --data, so expected a .ptd (identifier FT01), found a .pte (identifier ET12)",
+                    f.path.display()
+                )));
             }
         }
         let ptd_blobs: Vec<_> = files

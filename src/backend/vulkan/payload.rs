@@ -75,6 +75,12 @@ impl Dequantize for QuantLayout {
         QuantLayout::dequantize(self, data, scales, first, out)
     }
 
+    fn steps(
+        &self, data: &[u8], scales: &[u8], first: u64, out: &mut [f32],
+    ) -> std::result::Result<(), QuantError> {
+        QuantLayout::steps(self, data, scales, first, out)
+    }
+
     fn grid(&self) -> Option<Grid> {
         match self.packing {
             Packing::Q4gsw {

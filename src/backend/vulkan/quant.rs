@@ -32,6 +32,7 @@
 
 use super::datatype::{element_count, Datatype};
 use super::graph::{ValueKind, VkGraph, VkTensor, VkValue};
+use crate::backend::view;
 
 pub use crate::backend::view::QuantError;
 
@@ -369,6 +370,51 @@ impl QuantLayout {
                     let nibble = if k % 2 == 0 { byte & 0xf } else { byte >> 4 };
                     let scale = scale_at((k / group_size) * scale_cols + n);
                     *o = (f32::from(nibble) - 8.0) * scale;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl QuantLayout {
+    /// The quantization step of elements `first .. first + out.len()`: the absolute scale
+    /// of a 4-bit element, the spacing of its format around a float element.
+    pub fn steps(
+        &self, data: &[u8], scales: &[u8], first: u64, out: &mut [f32],
+    ) -> Result<(), QuantError> {
+        // Checks the request as a read does, and gives float elements their values.
+        self.dequantize(data, scales, first, out)?;
+        match self.packing {
+            Packing::Float32 => out
+                .iter_mut()
+                .for_each(|o| *o = view::float_spacing(*o, view::FLOAT32)),
+            Packing::Float16 => out
+                .iter_mut()
+                .for_each(|o| *o = view::float_spacing(*o, view::FLOAT16)),
+            Packing::Q4gsw {
+                scale_datatype,
+                group_size,
+                cols,
+                scale_cols,
+                ..
+            } => {
+                let (cols, group_size) = (cols as usize, group_size as usize);
+                for (o, e) in out.iter_mut().zip(first as usize..) {
+                    let (n, k) = (e / cols, e % cols);
+                    let i = (k / group_size) * scale_cols as usize + n;
+                    let scale = match scale_datatype {
+                        Datatype::FLOAT16 => {
+                            f16_to_f32(u16::from_le_bytes([scales[2 * i], scales[2 * i + 1]]))
+                        }
+                        _ => f32::from_le_bytes([
+                            scales[4 * i],
+                            scales[4 * i + 1],
+                            scales[4 * i + 2],
+                            scales[4 * i + 3],
+                        ]),
+                    };
+                    *o = scale.abs();
                 }
             }
         }

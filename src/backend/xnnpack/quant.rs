@@ -44,6 +44,7 @@ use crate::backend::float16::{
     bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, runtime_f32_to_bf16,
 };
 
+use crate::backend::view;
 pub use crate::backend::view::QuantError;
 
 /// How elements map to scales.
@@ -355,6 +356,32 @@ impl QuantLayout {
             };
             let pos = (run.start - first) as usize;
             self.dequantize_run(data, run.start, scale, &mut out[pos..pos + run.len]);
+        }
+        Ok(())
+    }
+
+    /// The quantization step of elements `first .. first + out.len()`: the absolute scale
+    /// of each quantized element, the spacing of its format around a float element.
+    pub fn steps(
+        &self, data: &[u8], scales: &[u8], first: u64, out: &mut [f32],
+    ) -> Result<(), QuantError> {
+        // Checks the request as a read does, and gives float elements their values.
+        self.dequantize(data, scales, first, out)?;
+        if self.scale_count > 0 {
+            for run in self.runs(first, first + out.len() as u64) {
+                let step = self.scale_at(scales, run.scale).abs();
+                let pos = (run.start - first) as usize;
+                out[pos..pos + run.len].fill(step);
+            }
+            return Ok(());
+        }
+        let format = match self.datatype {
+            Datatype::FP16 => view::FLOAT16,
+            Datatype::BF16 => view::BFLOAT16,
+            _ => view::FLOAT32,
+        };
+        for o in out.iter_mut() {
+            *o = view::float_spacing(*o, format);
         }
         Ok(())
     }
@@ -1221,6 +1248,12 @@ impl crate::backend::view::Dequantize for QuantLayout {
         &self, data: &[u8], scales: &[u8], first: u64, out: &mut [f32],
     ) -> Result<(), QuantError> {
         QuantLayout::dequantize(self, data, scales, first, out)
+    }
+
+    fn steps(
+        &self, data: &[u8], scales: &[u8], first: u64, out: &mut [f32],
+    ) -> Result<(), QuantError> {
+        QuantLayout::steps(self, data, scales, first, out)
     }
 
     fn grid(&self) -> Option<crate::backend::view::Grid> {
