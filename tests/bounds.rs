@@ -895,14 +895,14 @@ fn payload_views_the_bytes_cannot_back_are_not_listed() {
     let (_, j) = json_at(&fs, &format!("{values}/3.json"));
     assert_eq!(j["dims"], json!([1u64 << 31, 3, 3, 2]));
     assert!(fs.tree().find(&format!("{values}/3.bin")).is_some());
-    for view in ["3.npy", "3.f32.npy"] {
+    for view in ["3.npy", "3.f32.npy", "3.hist.svg"] {
         assert!(
             fs.tree().find(&format!("{values}/{view}")).is_none(),
             "{view}"
         );
     }
     // The other filter keeps its views.
-    for view in ["6.npy", "6.f32.npy"] {
+    for view in ["6.npy", "6.f32.npy", "6.hist.svg"] {
         assert!(
             fs.tree().find(&format!("{values}/{view}")).is_some(),
             "{view}"

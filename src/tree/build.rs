@@ -388,7 +388,7 @@ fn payload_value_nodes(
             }),
         ));
     }
-    if dec.value_view(model, k).is_some() {
+    if dec.value_view(model, k).is_some_and(|v| v.backed()) {
         out.push(hist_node(dir, &base, HistOf::Payload(p, j, k)));
     }
     if let Some(view) = dec.float_view(model, k).filter(FloatView::backed) {
@@ -528,7 +528,7 @@ fn payload_node_count(model: &Model, dec: &Decoded) -> u64 {
                 .npy
                 .is_some_and(|(d, s)| npy_backed(d, &s, &location)),
         );
-        n += u64::from(dec.value_view(model, k).is_some());
+        n += u64::from(dec.value_view(model, k).is_some_and(|v| v.backed()));
         n += u64::from(dec.float_view(model, k).is_some_and(|v| v.backed()));
     }
     n
