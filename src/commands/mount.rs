@@ -200,16 +200,18 @@ const WARNINGS_SHOWN: usize = 10;
 /// `ptefs check` reports (the first `WARNINGS_SHOWN`), then the `.ptd` files beside the
 /// model that hold keys it lacks.
 fn warnings(tree: &Tree) -> serve::Warnings {
-    let model = tree.model.clone();
-    // Checked on another thread while the mount starts: the checks walk every value.
+    let catalog = tree.catalog.clone();
+    // Checked on another thread while the mount starts: the checks walk every value. The
+    // payloads the tree decoded are checked as they are, not decoded again.
     std::thread::spawn(move || {
-        let mut defects = crate::check::defects(&model);
+        let model = &*catalog.model;
+        let mut defects = crate::check::defects_with(model, &catalog.payloads);
         if defects.len() > WARNINGS_SHOWN {
             let more = defects.len() - WARNINGS_SHOWN;
             defects.truncate(WARNINGS_SHOWN);
             defects.push(format!("… and {more} more: `ptefs check` lists them all"));
         }
-        defects.extend(crate::check::data_beside(&model));
+        defects.extend(crate::check::data_beside(model));
         defects
     })
 }
