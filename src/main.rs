@@ -38,7 +38,7 @@ struct RemoteArgs {
     #[arg(long, value_name = "DIR", help_heading = "Remote models")]
     cache_dir: Option<PathBuf>,
     /// Bytes the block cache may hold (suffixes K, M, G; 0: no cache on disk) [default: 4G].
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Remote models")]
+    #[arg(long, value_name = "SIZE", value_parser = commands::mount::parse_size, help_heading = "Remote models")]
     cache_size: Option<u64>,
     /// Seconds a connection or a read may stall before it is retried [default: 30].
     #[arg(long, value_name = "SECONDS", help_heading = "Remote models")]
@@ -71,29 +71,6 @@ impl RemoteArgs {
         ptefs::source::remote::configure(s);
         Ok(())
     }
-}
-
-/// A size with an optional K, M, G or T suffix (powers of 1024).
-fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (digits, shift) = match t.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let shift = match c.to_ascii_uppercase() {
-                'K' => 10,
-                'M' => 20,
-                'G' => 30,
-                'T' => 40,
-                _ => return Err(format!("{s}: expected a size such as 512M or 4G")),
-            };
-            (&t[..i], shift)
-        }
-        _ => (t, 0),
-    };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{s}: expected a size such as 512M or 4G"))?;
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("{s}: too large"))
 }
 
 #[derive(clap::Args, Debug, Clone)]

@@ -189,12 +189,7 @@ pub fn of(catalog: &Catalog) -> Vec<Tensor> {
                         seen.push(p);
                     }
                 }
-                let fqn = plans
-                    .get(p)
-                    .and_then(|pl| pl.values.as_deref()?.get(i))
-                    .and_then(|v| v.val.as_tensor())
-                    .and_then(|t| t.extra_tensor_info.as_ref()?.fully_qualified_name.clone())
-                    .filter(|n| !n.is_empty());
+                let fqn = crate::format::pte::value_fqn(plans, p, i);
                 let (dtype, dim_order, view) = shaped(&t.shape, data);
                 out.push(Tensor {
                     path: format!("plans/{}/values/{i}", names.plans[p]),

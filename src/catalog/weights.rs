@@ -111,12 +111,7 @@ fn candidates(
                     if t.kind == DataKind::External {
                         continue;
                     }
-                    let fqn = plans
-                        .get(p)
-                        .and_then(|pl| pl.values.as_deref()?.get(i))
-                        .and_then(|v| v.val.as_tensor())
-                        .and_then(|t| t.extra_tensor_info.as_ref()?.fully_qualified_name.clone())
-                        .filter(|n| !n.is_empty());
+                    let fqn = crate::format::pte::value_fqn(plans, p, i);
                     let path = format!("plans/{}/values/{i}", names.plans[p]);
                     let dtype = tensor_dtype(&t.shape, loc.range.len());
                     push(fqn, path, dtype, TensorId::value(p, i));

@@ -515,6 +515,17 @@ impl Model {
         }
     }
 
+    /// The tensor facts of value `i` of plan `p`, when it is a tensor.
+    pub fn value_tensor(&self, p: usize, i: usize) -> Option<&crate::format::layout::TensorData> {
+        self.pte_layout
+            .as_ref()?
+            .plans
+            .get(p)?
+            .tensors
+            .get(i)?
+            .as_deref()
+    }
+
     pub fn ptd(&self, file: FileIndex) -> Option<&Ptd> {
         match &self.files.get(file)?.kind {
             Kind::Ptd(p) => Some(p),

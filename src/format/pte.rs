@@ -163,3 +163,20 @@ pub fn parse_pte_in(bytes: &[u8], file_size: u64) -> Result<Pte, FormatError> {
         inline_delegate_data,
     })
 }
+
+/// The fully qualified name (`extra_tensor_info.fully_qualified_name`) of value `i` of plan
+/// `p`, when it is a tensor that has a non-empty one.
+pub fn value_fqn(plans: &[pte_fb::ExecutionPlanT], p: usize, i: usize) -> Option<String> {
+    plans
+        .get(p)?
+        .values
+        .as_deref()?
+        .get(i)?
+        .val
+        .as_tensor()?
+        .extra_tensor_info
+        .as_ref()?
+        .fully_qualified_name
+        .clone()
+        .filter(|n| !n.is_empty())
+}

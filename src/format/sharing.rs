@@ -120,14 +120,7 @@ pub fn locate(model: &Model, id: TensorId) -> Option<(Location, Identity)> {
     match id {
         TensorId::Value { plan, index } => {
             let (p, i) = (plan as usize, index as usize);
-            let t = model
-                .pte_layout
-                .as_ref()?
-                .plans
-                .get(p)?
-                .tensors
-                .get(i)?
-                .as_ref()?;
+            let t = model.value_tensor(p, i)?;
             let location = t.location?;
             let identity = match (t.kind, t.key) {
                 (DataKind::External, Some((file, index))) => Identity::Key {

@@ -49,21 +49,6 @@ pub struct Histogram<'a> {
     pub quant: Option<QuantInfo<'a>>,
 }
 
-fn escape(s: &str, out: &mut String) {
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&apos;"),
-            // XML 1.0 allows no other control character.
-            c if c.is_control() => out.push(' '),
-            c => out.push(c),
-        }
-    }
-}
-
 /// `s` shortened to its last `n` characters after an ellipsis, or its first `n` with
 /// `keep_end` false.
 fn shorten(s: &str, n: usize, keep_end: bool) -> String {
@@ -102,7 +87,7 @@ fn text(out: &mut String, x: f64, y: f64, size: u32, anchor: &str, extra: &str, 
         out,
         "<text x=\"{x:.1}\" y=\"{y:.1}\" font-size=\"{size}\" text-anchor=\"{anchor}\"{extra}>"
     );
-    escape(s, out);
+    super::escape_xml(s, out);
     out.push_str("</text>\n");
 }
 

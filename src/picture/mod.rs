@@ -9,3 +9,19 @@ pub mod dot;
 pub mod hist;
 pub mod stats;
 pub mod treemap;
+
+/// Appends `s` to `out` as XML text or an attribute value: markup characters escaped, and
+/// control characters, which XML 1.0 does not allow, as spaces.
+pub fn escape_xml(s: &str, out: &mut String) {
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            c if c.is_control() => out.push(' '),
+            c => out.push(c),
+        }
+    }
+}

@@ -85,19 +85,6 @@ pub fn human(bytes: u64) -> String {
     format!("{v:.1} {}", UNITS[u])
 }
 
-fn escape(s: &str, out: &mut String) {
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            c if c.is_control() => out.push(' '),
-            c => out.push(c),
-        }
-    }
-}
-
 /// The worst aspect ratio of a row of `areas` laid along a side of length `side`.
 fn worst(sum: f64, min: f64, max: f64, side: f64) -> f64 {
     let s2 = side * side;
@@ -200,7 +187,7 @@ impl Painter<'_> {
             "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{fill}\" stroke=\"{stroke}\" stroke-width=\"0.6\"><title>",
             r.x, r.y, r.w, r.h
         );
-        escape(tip, &mut self.out);
+        super::escape_xml(tip, &mut self.out);
         self.out.push_str("</title></rect>\n");
     }
 
@@ -210,7 +197,7 @@ impl Painter<'_> {
             "<text x=\"{x:.1}\" y=\"{y:.1}\" font-size=\"10\"{}>",
             if bold { " font-weight=\"bold\"" } else { "" }
         );
-        escape(s, &mut self.out);
+        super::escape_xml(s, &mut self.out);
         self.out.push_str("</text>\n");
     }
 
@@ -311,7 +298,7 @@ pub fn svg(title: &str, root: &Block) -> String {
         p.out,
         "<text x=\"8\" y=\"24\" font-size=\"15\" font-weight=\"bold\">"
     );
-    escape(&format!("{title}: {}", human(root.bytes)), &mut p.out);
+    super::escape_xml(&format!("{title}: {}", human(root.bytes)), &mut p.out);
     p.out.push_str("</text>\n");
     p.block(
         root,

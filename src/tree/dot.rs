@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::fmt::{self, Write};
 
-use super::render::{operator_name, plan};
+use super::render::{kernel_operator, plan};
 use super::Tree;
 use crate::format::generated::pte_fb;
 use crate::format::layout::DataKind;
@@ -182,13 +182,7 @@ pub fn plan_dot(tree: &Tree, p: usize, out: &mut dyn Write) -> fmt::Result {
             let mut written = Vec::new();
             match &ins.instr_args {
                 A::KernelCall(k) => {
-                    let op = usize::try_from(k.op_index)
-                        .ok()
-                        .and_then(|i| operators.get(i))
-                        .map_or_else(
-                            || format!("<operator {} out of range>", k.op_index),
-                            operator_name,
-                        );
+                    let op = kernel_operator(operators, k.op_index);
                     g.node(&id, &format!("{c}:{pc} {op}"), Style::Op, None);
                     let args: Vec<i64> = k.args.iter().flatten().map(|&a| a.into()).collect();
                     flow.reads(&mut g, &id, &args, &mut written);

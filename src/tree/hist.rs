@@ -102,14 +102,7 @@ pub fn values(tree: &Tree, of: HistOf) -> Option<(Values, String)> {
     };
     match of {
         HistOf::Value(p, i) => {
-            let t = model
-                .pte_layout
-                .as_ref()?
-                .plans
-                .get(p)?
-                .tensors
-                .get(i)?
-                .as_ref()?;
+            let t = model.value_tensor(p, i)?;
             plain(t.location?, &t.shape)
         }
         HistOf::Named(f, k) => {

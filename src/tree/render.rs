@@ -1288,6 +1288,17 @@ fn args_text(args: &Option<Vec<i32>>) -> String {
         .join(", ")
 }
 
+/// The name of operator `op_index` of a plan's `operators`, or why there is none.
+pub(super) fn kernel_operator(operators: &[pte_fb::OperatorT], op_index: i32) -> String {
+    usize::try_from(op_index)
+        .ok()
+        .and_then(|i| operators.get(i))
+        .map_or_else(
+            || format!("<operator {op_index} out of range>"),
+            operator_name,
+        )
+}
+
 fn instructions_txt(model: &Model, p: usize, out: &mut dyn Write) -> fmt::Result {
     use pte_fb::InstructionArgumentsT as A;
     let plan = plan(model, p);
@@ -1298,13 +1309,7 @@ fn instructions_txt(model: &Model, p: usize, out: &mut dyn Write) -> fmt::Result
             let text = match &ins.instr_args {
                 A::NONE => "none".to_string(),
                 A::KernelCall(k) => {
-                    let op = usize::try_from(k.op_index)
-                        .ok()
-                        .and_then(|i| operators.get(i))
-                        .map_or_else(
-                            || format!("<operator {} out of range>", k.op_index),
-                            operator_name,
-                        );
+                    let op = kernel_operator(operators, k.op_index);
                     format!("kernel {op}({})", args_text(&k.args))
                 }
                 A::DelegateCall(d) => {
