@@ -72,6 +72,27 @@ impl Element {
         })
     }
 
+    /// The element type of a little-endian (or byte-sized) NumPy `descr`, as payload
+    /// constants give theirs; `|V2` is bfloat16.
+    pub fn of_npy_descr(descr: &str) -> Option<Element> {
+        Some(match descr {
+            "<f8" => Element::F64,
+            "<f4" => Element::F32,
+            "<f2" => Element::F16,
+            "|V2" => Element::BF16,
+            "<i8" => Element::I64,
+            "<i4" => Element::I32,
+            "<i2" => Element::I16,
+            "|i1" => Element::I8,
+            "<u8" => Element::U64,
+            "<u4" => Element::U32,
+            "<u2" => Element::U16,
+            "|u1" => Element::U8,
+            "|b1" => Element::Bool,
+            _ => return None,
+        })
+    }
+
     /// The safetensors name of the type: `"F32"`.
     pub fn name(self) -> &'static str {
         match self {
@@ -210,11 +231,8 @@ impl Dequantize for PlainLayout {
     ) -> Result<(), QuantError> {
         self.dequantize(data, scales, first, out)?;
         let format = match self.element {
-            Element::F64 => view::FloatFormat {
-                fraction: 52,
-                min_exp: -1022,
-            },
-            Element::F32 => view::FLOAT32,
+            // A double is read as float32, so its values are as far apart as float32's.
+            Element::F64 | Element::F32 => view::FLOAT32,
             Element::F16 => view::FLOAT16,
             Element::BF16 => view::BFLOAT16,
             _ => {

@@ -342,7 +342,7 @@ impl Checkpoint {
 
 fn tensor_of(t: safetensors::TensorInfo, file: usize, data_start: u64) -> Tensor {
     Tensor {
-        elem: Elem::from_safetensors(t.dtype),
+        elem: Elem::of_safetensors(t.dtype),
         dtype: t.dtype,
         shape: t.shape,
         file,

@@ -1,130 +1,30 @@
-//! Element types of the tensors names are learned between: a checkpoint's (by safetensors
-//! dtype) and a model's dense tensors (by ExecuTorch scalar type, or a payload constant's
-//! NumPy dtype), read one element at a time as `f64`, with the step their format has there.
+//! Elements of the tensors names are learned between (a checkpoint's, by safetensors dtype;
+//! a model's dense tensors, by ExecuTorch scalar type or a payload constant's NumPy dtype),
+//! read one at a time as `f64`, with the step their format has there. The element types
+//! themselves are `backend::plain::Element`, shared with the float32 views.
 //!
 //! Invariants: `get` reads exactly `size()` bytes at `i × size()`, little-endian, and the
 //! caller has checked they are in the slice; every value a float32 can hold converts to
 //! `f64` exactly, so comparisons are not blurred by the conversion.
 
 use crate::backend::float16::{bf16_to_f32, f16_to_f32};
+pub use crate::backend::plain::Element as Elem;
 use crate::backend::{float_spacing, view};
 
-/// The element type of a dense tensor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Elem {
-    F64,
-    F32,
-    F16,
-    BF16,
-    I64,
-    I32,
-    I16,
-    I8,
-    U64,
-    U32,
-    U16,
-    U8,
-    Bool,
+/// What matching reads of an element type beyond what the float32 views read.
+pub trait ElemRead {
+    /// Element `i` of `bytes`; `bytes` holds at least `(i + 1) × size()` bytes.
+    fn get(self, bytes: &[u8], i: usize) -> f64;
+    /// The step of this format around `v` (a value it holds): the spacing of a float format
+    /// there, 0 for integers (which only match exactly). A float64 is compared in float32,
+    /// the precision every stored value is read in.
+    fn step(self, v: f32) -> f32;
 }
 
-impl Elem {
-    /// Bytes of one element.
-    pub fn size(self) -> usize {
-        match self {
-            Elem::F64 | Elem::I64 | Elem::U64 => 8,
-            Elem::F32 | Elem::I32 | Elem::U32 => 4,
-            Elem::F16 | Elem::BF16 | Elem::I16 | Elem::U16 => 2,
-            Elem::I8 | Elem::U8 | Elem::Bool => 1,
-        }
-    }
-
-    /// The safetensors spelling (`"F32"`), which the report and the map use for every
-    /// tensor.
-    pub fn name(self) -> &'static str {
-        match self {
-            Elem::F64 => "F64",
-            Elem::F32 => "F32",
-            Elem::F16 => "F16",
-            Elem::BF16 => "BF16",
-            Elem::I64 => "I64",
-            Elem::I32 => "I32",
-            Elem::I16 => "I16",
-            Elem::I8 => "I8",
-            Elem::U64 => "U64",
-            Elem::U32 => "U32",
-            Elem::U16 => "U16",
-            Elem::U8 => "U8",
-            Elem::Bool => "BOOL",
-        }
-    }
-
-    /// The element type of a safetensors dtype; None for the types no value is compared
-    /// in (8-bit and smaller floats, complex).
-    pub fn from_safetensors(dtype: &str) -> Option<Elem> {
-        Some(match dtype {
-            "F64" => Elem::F64,
-            "F32" => Elem::F32,
-            "F16" => Elem::F16,
-            "BF16" => Elem::BF16,
-            "I64" => Elem::I64,
-            "I32" => Elem::I32,
-            "I16" => Elem::I16,
-            "I8" => Elem::I8,
-            "U64" => Elem::U64,
-            "U32" => Elem::U32,
-            "U16" => Elem::U16,
-            "U8" => Elem::U8,
-            "BOOL" => Elem::Bool,
-            _ => return None,
-        })
-    }
-
-    /// The element type of an ExecuTorch scalar type (docs/formats.md); None for the
-    /// quantized and complex ones.
-    pub fn from_scalar_type(scalar_type: i8) -> Option<Elem> {
-        Some(match scalar_type {
-            0 => Elem::U8,
-            1 => Elem::I8,
-            2 => Elem::I16,
-            3 => Elem::I32,
-            4 => Elem::I64,
-            5 => Elem::F16,
-            6 => Elem::F32,
-            7 => Elem::F64,
-            11 => Elem::Bool,
-            15 => Elem::BF16,
-            27 => Elem::U16,
-            28 => Elem::U32,
-            29 => Elem::U64,
-            _ => return None,
-        })
-    }
-
-    /// The element type of a little-endian (or byte-sized) NumPy `descr`, as payload
-    /// constants give theirs; `|V2` is bfloat16.
-    pub fn from_npy_descr(descr: &str) -> Option<Elem> {
-        Some(match descr {
-            "<f8" => Elem::F64,
-            "<f4" => Elem::F32,
-            "<f2" => Elem::F16,
-            "|V2" => Elem::BF16,
-            "<i8" => Elem::I64,
-            "<i4" => Elem::I32,
-            "<i2" => Elem::I16,
-            "|i1" => Elem::I8,
-            "<u8" => Elem::U64,
-            "<u4" => Elem::U32,
-            "<u2" => Elem::U16,
-            "|u1" => Elem::U8,
-            "|b1" => Elem::Bool,
-            _ => return None,
-        })
-    }
-
-    /// Element `i` of `bytes`; `bytes` holds at least `(i + 1) × size()` bytes.
+impl ElemRead for Elem {
     #[inline]
-    pub fn get(self, bytes: &[u8], i: usize) -> f64 {
-        let n = self.size();
+    fn get(self, bytes: &[u8], i: usize) -> f64 {
+        let n = self.size() as usize;
         let b = &bytes[i * n..(i + 1) * n];
         match self {
             Elem::F64 => f64::from_le_bytes(b.try_into().expect("8 bytes")),
@@ -143,10 +43,7 @@ impl Elem {
         }
     }
 
-    /// The step of this format around `v` (a value it holds): the spacing of a float
-    /// format there, 0 for integers (which only match exactly). A float64 is compared in
-    /// float32, the precision every stored value is read in.
-    pub fn step(self, v: f32) -> f32 {
+    fn step(self, v: f32) -> f32 {
         match self {
             Elem::F64 | Elem::F32 => float_spacing(v, view::FLOAT32),
             Elem::F16 => float_spacing(v, view::FLOAT16),
@@ -178,16 +75,16 @@ mod tests {
             (Elem::Bool, vec![3], 1.0),
         ];
         for (elem, bytes, want) in cases {
-            assert_eq!(bytes.len(), elem.size(), "{elem:?}");
-            let mut two = vec![0u8; elem.size()];
+            assert_eq!(bytes.len() as u64, elem.size(), "{elem:?}");
+            let mut two = vec![0u8; bytes.len()];
             two.extend_from_slice(&bytes);
             assert_eq!(elem.get(&two, 1), want, "{elem:?}");
-            assert_eq!(Elem::from_safetensors(elem.name()), Some(elem));
+            assert_eq!(Elem::of_safetensors(elem.name()), Some(elem));
         }
-        assert_eq!(Elem::from_safetensors("F8_E4M3"), None);
-        assert_eq!(Elem::from_scalar_type(6), Some(Elem::F32));
-        assert_eq!(Elem::from_scalar_type(15), Some(Elem::BF16));
-        assert_eq!(Elem::from_npy_descr("|V2"), Some(Elem::BF16));
+        assert_eq!(Elem::of_safetensors("F8_E4M3"), None);
+        assert_eq!(Elem::of_scalar_type(6), Some(Elem::F32));
+        assert_eq!(Elem::of_scalar_type(15), Some(Elem::BF16));
+        assert_eq!(Elem::of_npy_descr("|V2"), Some(Elem::BF16));
     }
 
     #[test]

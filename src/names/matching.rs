@@ -28,7 +28,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::checkpoint::{Checkpoint, Tensor};
-use super::elem::Elem;
+use super::elem::{Elem, ElemRead};
 use super::stored::{stored_tensors, Stored, Values};
 use super::transform::{candidates, IndexMap, Transform};
 use crate::catalog::Catalog;

@@ -21,7 +21,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::elem::Elem;
+use super::elem::{Elem, ElemRead};
 use crate::backend::{BlobRef, Dequantize, FloatView};
 use crate::catalog::Catalog;
 use crate::error::{Error, Result};
@@ -216,11 +216,11 @@ struct Dense {
 /// Element type and memory-order shape of a tensor whose bytes are `nbytes`, when its
 /// values can be read.
 fn dense_layout(shape: &TensorShape, nbytes: u64) -> Option<(Elem, Vec<u64>)> {
-    let elem = Elem::from_scalar_type(shape.scalar_type)?;
+    let elem = Elem::of_scalar_type(shape.scalar_type)?;
     let dims = shape.physical_shape()?;
     let size = dims
         .iter()
-        .try_fold(elem.size() as u64, |n, &d| n.checked_mul(d))?;
+        .try_fold(elem.size(), |n, &d| n.checked_mul(d))?;
     (size == nbytes).then_some((elem, dims))
 }
 
@@ -350,15 +350,13 @@ pub fn stored_tensors(catalog: &Catalog) -> Vec<Stored> {
                 let Some((descr, shape)) = &constant.npy else {
                     continue;
                 };
-                let Some(elem) = Elem::from_npy_descr(descr) else {
+                let Some(elem) = Elem::of_npy_descr(descr) else {
                     continue;
                 };
                 let Some(location) = decoded.locate(model, &constant.bytes) else {
                     continue;
                 };
-                let size = shape
-                    .iter()
-                    .try_fold(elem.size() as u64, |n, &d| n.checked_mul(d));
+                let size = shape.iter().try_fold(elem.size(), |n, &d| n.checked_mul(d));
                 if size != Some(location.range.len()) {
                     continue;
                 }
