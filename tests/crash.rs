@@ -3,9 +3,13 @@
 //! update through `weights.safetensors`, entirely the old or entirely the new set of
 //! tensors): right after the kill (or, when the kill interrupted the write itself, a whole
 //! journal waits beside it), and again after the remount that replays or discards the
-//! journal.
+//! journal. A bulk update through the root `weights.safetensors` of a program mounted with
+//! two data files is one commit of three files: after the kill, and after `ptefs recover`
+//! of one of them alone, every file holds all its old or all its new bytes, and all files
+//! the same side.
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ptefs::format::generated::pte_fb;
@@ -259,6 +263,152 @@ fn sigkill_during_bulk_commits_leaves_all_old_or_all_new() {
             current = next;
         } else {
             assert_eq!(state, Some(current), "round {round}: a mix after remount");
+            saw_old += 1;
+        }
+    }
+    eprintln!("old {saw_old}, new {saw_new}, interrupted with a journal {saw_journal}");
+    assert!(
+        saw_old > 0 && saw_new > 0,
+        "kills should land both before and after commits"
+    );
+}
+
+/// The LoRA fixture's files (program, foundation and LoRA weights), mounted together on
+/// `mnt`: what `weights.safetensors` at the root shows, read and unmounted.
+fn read_root_weights(files: &[PathBuf], mnt: &Path) -> Vec<u8> {
+    let mut child = common::mount::mount_foreground_with(&files[0], &files[1..], mnt);
+    let seen = std::fs::read(mnt.join("weights.safetensors")).unwrap();
+    common::force_unmount(mnt);
+    let _ = child.kill();
+    let _ = child.wait();
+    seen
+}
+
+/// `weights` with every byte of its tensors' data flipped by `mask`: every tensor of every
+/// file changes, and flipping twice gives the first again.
+fn flipped(weights: &[u8], mask: u8) -> Vec<u8> {
+    let n = u64::from_le_bytes(weights[..8].try_into().unwrap()) as usize;
+    let mut out = weights.to_vec();
+    for b in &mut out[8 + n..] {
+        *b ^= mask;
+    }
+    out
+}
+
+/// Which of `sides` (each the bytes of every file) the files hold now, every file whole;
+/// `None` for a mix.
+fn side_of(files: &[PathBuf], sides: &[Vec<Vec<u8>>; 2]) -> Option<usize> {
+    let now: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
+    (0..2).find(|&s| sides[s] == now)
+}
+
+#[test]
+fn sigkill_during_multi_file_commits_leaves_every_file_all_old_or_all_new() {
+    if common::fuse_missing() {
+        return;
+    }
+    let copied = common::copy_fixture("llama_lora.pte");
+    let files: Vec<PathBuf> = std::iter::once(copied.model.clone())
+        .chain(copied.data.iter().cloned())
+        .collect();
+    assert_eq!(files.len(), 3);
+    let mnt = copied.root.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let read_files =
+        || -> Vec<Vec<u8>> { files.iter().map(|f| std::fs::read(f).unwrap()).collect() };
+    let journals = || {
+        files
+            .iter()
+            .filter(|f| ptefs::edit::journal::journal_path(f).exists())
+            .count()
+    };
+
+    // Side 0: the fixture; side 1: every tensor of every file flipped, through the mount.
+    let weights = [read_root_weights(&files, &mnt), Vec::new()];
+    let weights = [weights[0].clone(), flipped(&weights[0], 0x5a)];
+    let before = read_files();
+    let mut child = common::mount::mount_foreground_with(&files[0], &files[1..], &mnt);
+    let start = Instant::now();
+    std::fs::write(mnt.join("weights.safetensors"), &weights[1]).unwrap();
+    let span = start.elapsed();
+    common::force_unmount(&mnt);
+    let _ = child.kill();
+    let _ = child.wait();
+    let sides = [before, read_files()];
+    for (k, f) in files.iter().enumerate() {
+        assert_ne!(
+            sides[0][k],
+            sides[1][k],
+            "{}: the update changed nothing",
+            f.display()
+        );
+    }
+
+    let mut rng = common::Rng::new(0x3f11_e5ee_d000_0007);
+    let mut current = 1;
+    let (mut saw_old, mut saw_new, mut saw_journal) = (0, 0, 0);
+    for round in 0..24 {
+        let next = 1 - current;
+        let delay = kill_delay(&mut rng, round, span);
+        let mut child = common::mount::mount_foreground_with(&files[0], &files[1..], &mnt);
+        let target = mnt.join("weights.safetensors");
+        let data = weights[next].clone();
+        let writer = std::thread::spawn(move || {
+            // Errors are expected: the daemon dies under the writer.
+            let _ = std::fs::write(&target, &data);
+        });
+        std::thread::sleep(delay);
+        // SAFETY: a signal to the daemon this test started.
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGKILL);
+        }
+        let _ = child.wait();
+        common::force_unmount(&mnt);
+        writer.join().unwrap();
+        if journals() > 0 {
+            saw_journal += 1;
+        } else {
+            assert!(
+                side_of(&files, &sides).is_some(),
+                "round {round}: a mix of old and new files with no journal to replay"
+            );
+        }
+
+        // Every other round, one file alone is recovered first (by `ptefs recover`): it
+        // finishes or discards the whole commit, never half of it.
+        if round % 2 == 1 {
+            let one = &files[1 + round / 2 % 2];
+            let out = common::mount::run(Command::new(common::mount::BIN).arg("recover").arg(one));
+            assert!(
+                out.status.success(),
+                "round {round}: ptefs recover {}: {}",
+                one.display(),
+                common::mount::text(&out.stderr)
+            );
+            assert!(
+                side_of(&files, &sides).is_some(),
+                "round {round}: a mix after recovering {} alone: {}",
+                one.display(),
+                common::mount::text(&out.stdout)
+            );
+        }
+        let seen = read_root_weights(&files, &mnt);
+        assert_eq!(
+            journals(),
+            0,
+            "round {round}: a journal survived the remount"
+        );
+        let side = side_of(&files, &sides)
+            .unwrap_or_else(|| panic!("round {round}: a mix after the remount"));
+        assert_eq!(
+            seen, weights[side],
+            "round {round}: the mount showed other bytes than the files"
+        );
+        if side == next {
+            saw_new += 1;
+            current = next;
+        } else {
+            assert_eq!(side, current);
             saw_old += 1;
         }
     }

@@ -45,8 +45,12 @@ use crate::format::ModelFile;
 
 const MAGIC: &[u8; 8] = b"PTEFSJ02";
 const MAGIC_V1: &[u8; 8] = b"PTEFSJ01";
+/// The journal of one file of a commit of several (`group`).
+const MAGIC_V3: &[u8; 8] = b"PTEFSJ03";
 /// Magic, file size, range count.
 const HEADER_LEN: u64 = 24;
+/// Magic, file size, range count, member index, group record length.
+const HEADER_LEN_V3: u64 = 40;
 const RANGE_LEN: u64 = 16;
 const CRC_LEN: u64 = 4;
 
@@ -63,11 +67,22 @@ pub fn journal_path(path: &Path) -> PathBuf {
 /// One range of a commit: its offset in the file and its new bytes.
 pub type RangeWrite<'a> = (u64, Source<'a>);
 
-fn encode_header(file_len: u64, writes: &[RangeWrite]) -> Vec<u8> {
-    let mut h = Vec::with_capacity((HEADER_LEN + RANGE_LEN * writes.len() as u64) as usize);
-    h.extend_from_slice(MAGIC);
+/// This journal's place in a commit of several files: its member index and the group
+/// record (`group::Record`, encoded), the same bytes in every member's journal.
+pub type Membership<'a> = (u64, &'a [u8]);
+
+fn encode_header(file_len: u64, writes: &[RangeWrite], group: Option<Membership>) -> Vec<u8> {
+    let group_len = group.map_or(0, |(_, g)| g.len());
+    let mut h =
+        Vec::with_capacity((HEADER_LEN_V3 + RANGE_LEN * writes.len() as u64) as usize + group_len);
+    h.extend_from_slice(if group.is_some() { MAGIC_V3 } else { MAGIC });
     h.extend_from_slice(&file_len.to_le_bytes());
     h.extend_from_slice(&(writes.len() as u64).to_le_bytes());
+    if let Some((member, record)) = group {
+        h.extend_from_slice(&member.to_le_bytes());
+        h.extend_from_slice(&(record.len() as u64).to_le_bytes());
+        h.extend_from_slice(record);
+    }
     for (offset, bytes) in writes {
         h.extend_from_slice(&offset.to_le_bytes());
         h.extend_from_slice(&bytes.len().to_le_bytes());
@@ -122,6 +137,14 @@ pub struct Journaled<'a> {
 /// The first half of `write_in_place`: checks the ranges and the file, then writes the
 /// journal and makes it durable under its name (nothing has the name if that fails).
 pub fn begin<'a>(model: &'a ModelFile, writes: &'a [RangeWrite<'a>]) -> Result<Journaled<'a>> {
+    begin_member(model, writes, None)
+}
+
+/// `begin`, for one file of a commit of several when `group` is given: its journal also
+/// holds the group record (docs/formats.md#journal-file-layout).
+pub fn begin_member<'a>(
+    model: &'a ModelFile, writes: &'a [RangeWrite<'a>], group: Option<Membership>,
+) -> Result<Journaled<'a>> {
     let shown = model.path.display().to_string();
     let file_len = model.len();
     check_ranges(writes, file_len, &shown)?;
@@ -144,15 +167,16 @@ pub fn begin<'a>(model: &'a ModelFile, writes: &'a [RangeWrite<'a>]) -> Result<J
     }
 
     let name = journal_name(beside.model_name());
-    let journal_len = writes.iter().map(|(_, b)| b.len()).fold(
-        HEADER_LEN + RANGE_LEN * writes.len() as u64 + 4,
-        u64::saturating_add,
-    );
+    let header = encode_header(file_len, writes, group);
+    let journal_len = writes
+        .iter()
+        .map(|(_, b)| b.len())
+        .fold(header.len() as u64 + CRC_LEN, u64::saturating_add);
     beside.need_room(
         journal_len,
         &format!("an in-place commit into {shown} first writes its journal beside it"),
     )?;
-    let journal = Journal::write(&beside, &name, file_len, writes)?;
+    let journal = Journal::write(&beside, &name, &header, writes)?;
     Ok(Journaled {
         model,
         writes,
@@ -168,6 +192,16 @@ impl Journaled<'_> {
     /// then removes the journal. If writing fails, the journal keeps its name for the next
     /// recovery.
     pub fn finish<G>(self, exclusive: impl FnOnce() -> G) -> Result<()> {
+        self.apply(exclusive)?;
+        self.retire()
+    }
+
+    /// Writes the ranges into the model and makes them durable; the journal keeps its name.
+    pub fn apply<G>(&self, exclusive: impl FnOnce() -> G) -> Result<()> {
+        if self.writes.is_empty() {
+            // A re-laid-out file's journal in a commit of several: nothing goes in place.
+            return Ok(());
+        }
         let shown = self.model.path.display();
         {
             let _readers_wait = exclusive();
@@ -190,7 +224,19 @@ impl Journaled<'_> {
                 )
             })?;
         }
+        Ok(())
+    }
+
+    /// Removes the journal's name: the commit is durable.
+    pub fn retire(self) -> Result<()> {
         self.journal.retire(&self.beside, &self.name)
+    }
+
+    /// Removes the journal's name before a byte of the model was written: the commit is
+    /// abandoned.
+    pub fn abandon(self) -> Result<()> {
+        self.beside.remove(&self.name)?;
+        self.beside.sync()
     }
 }
 
@@ -205,12 +251,12 @@ impl Journal {
     /// the file system has no unnamed files, written into a file created under `name`, which
     /// is removed again if writing fails.
     fn write(
-        beside: &Beside, name: &OsStr, file_len: u64, writes: &[RangeWrite],
+        beside: &Beside, name: &OsStr, header: &[u8], writes: &[RangeWrite],
     ) -> Result<Journal> {
         let context = |e: Error| e.context(format!("journal {}", beside.shown(name)));
         // Where no unnamed file can be made, the named file below says why it cannot either.
         if let Some(file) = beside.create_unnamed().ok().flatten() {
-            write_journal(&file, file_len, writes).map_err(context)?;
+            write_journal(&file, header, writes).map_err(context)?;
             if beside.link(&file, name).map_err(context)? {
                 if let Err(e) = beside.sync() {
                     let _ = beside.remove(name);
@@ -220,7 +266,7 @@ impl Journal {
             }
         }
         let file = beside.create(name)?;
-        let written = write_journal(&file, file_len, writes).and_then(|_| beside.sync());
+        let written = write_journal(&file, header, writes).and_then(|_| beside.sync());
         if let Err(e) = written {
             // A torn journal must not stay behind (it would only be discarded at the next
             // mount, and until then `ptefs check` reports it).
@@ -248,14 +294,13 @@ impl Journal {
 /// interrupts the commit, so a copy in the page cache would be wasted work: measured, the
 /// swap of a 64 MiB tensor took 1.8x less time), else through the page cache, from the
 /// start again.
-fn write_journal(j: &File, file_len: u64, writes: &[RangeWrite]) -> Result<()> {
-    let header = encode_header(file_len, writes);
+fn write_journal(j: &File, header: &[u8], writes: &[RangeWrite]) -> Result<()> {
     let io = |e| Error::io("write", e);
-    match write_direct(j, &header, writes) {
+    match write_direct(j, header, writes) {
         Ok(()) => {}
         // A direct attempt writes a prefix of the same bytes: the rewrite covers it.
         Err(e) if super::direct::unsupported(&e) => {
-            write_buffered(j, &header, writes).map_err(io)?
+            write_buffered(j, header, writes).map_err(io)?
         }
         Err(e) => return Err(io(e)),
     }
@@ -296,8 +341,18 @@ fn write_buffered(j: &File, header: &[u8], writes: &[RangeWrite]) -> std::io::Re
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Recovery {
     None,
-    Replayed { ranges: usize, bytes: u64 },
+    Replayed {
+        ranges: usize,
+        bytes: u64,
+    },
     Discarded(String),
+    /// A commit of several files had written every file's journal: all of them were
+    /// finished, each one a sentence.
+    GroupFinished(Vec<String>),
+    /// A commit of several files whose journals were not all whole (it never reached the
+    /// point where its files change, or it was removing them once done): this file's
+    /// journal was discarded, for the reason given.
+    GroupDiscarded(String),
 }
 
 /// Bytes of a journal read at a time when it is checked, and of its data and of the model
@@ -309,14 +364,18 @@ const TABLE_WINDOW: usize = 64 << 10;
 
 /// A whole journal's layout, read from its header and checked against its size and
 /// checksum. Its ranges are never held: a replay reads them from the file again.
-struct Layout {
+pub(super) struct Layout {
+    /// The model file's size the journal was written for.
+    pub(super) file_len: u64,
+    /// For one file of a commit of several: its member index and the group record.
+    pub(super) group: Option<(u64, Vec<u8>)>,
     /// Where the range table starts (after the header).
     table_start: u64,
-    ranges: u64,
+    pub(super) ranges: u64,
     /// Where the bytes of the first range start (after the table).
     data_start: u64,
     /// The bytes of all ranges.
-    data_len: u64,
+    pub(super) data_len: u64,
     /// The checksum stored at its end.
     crc: u32,
 }
@@ -324,7 +383,7 @@ struct Layout {
 /// The ranges of one journal, judged one after the other: each inside the model file, after
 /// the end of the one before (sorted, disjoint), and inside one range an in-place commit
 /// writes. Holds nothing per range of the journal.
-struct RangeRules {
+pub(super) struct RangeRules {
     file_len: u64,
     /// The ranges an in-place commit writes, sorted by start, each with the furthest end of
     /// it and those before it: a range is inside one of them exactly when the last one that
@@ -336,7 +395,7 @@ struct RangeRules {
 }
 
 impl RangeRules {
-    fn new(file_len: u64, writable: &[ByteRange]) -> RangeRules {
+    pub(super) fn new(file_len: u64, writable: &[ByteRange]) -> RangeRules {
         let mut sorted = writable.to_vec();
         sorted.sort_by_key(|r| r.start());
         let mut reach = 0;
@@ -420,8 +479,9 @@ fn check_journal(
     if size < 8 {
         return Err(torn(format!("{size} bytes, no complete header")));
     }
-    // Magic, file size, then the range count (v2) or the one range (v1).
-    let mut head = [0u8; 32];
+    // Magic, file size, then the range count (v2) or the one range (v1); v3 then has the
+    // member index and the length of the group record.
+    let mut head = [0u8; HEADER_LEN_V3 as usize];
     let mut n = 0;
     while n < head.len() {
         match j.read_at(&mut head[n..], n as u64) {
@@ -433,29 +493,56 @@ fn check_journal(
     }
     let magic = &head[..8];
     let v1 = magic == MAGIC_V1;
-    if magic != MAGIC && !v1 {
+    let v3 = magic == MAGIC_V3;
+    if magic != MAGIC && !v1 && !v3 {
         return Err(untrusted(format!(
             "it does not start with {} (found {})",
             String::from_utf8_lossy(MAGIC),
             crate::format::header::printable(magic)
         )));
     }
-    let (table_start, header_len) = if v1 {
-        (16, 32)
+    let header_len = if v1 {
+        32
+    } else if v3 {
+        HEADER_LEN_V3
     } else {
-        (HEADER_LEN, HEADER_LEN)
+        HEADER_LEN
     };
     if size < header_len || (n as u64) < header_len {
         return Err(torn(format!("{size} bytes, no complete header")));
     }
     let u64_at = |i: usize| u64::from_le_bytes(head[i..i + 8].try_into().expect("8 bytes"));
     let journal_file_len = u64_at(8);
-    if journal_file_len != file_len {
+    // v3: the group record follows the header; it is bounded before it is read.
+    let (table_start, group_len) = if v1 {
+        (16, 0)
+    } else if v3 {
+        let group_len = u64_at(32);
+        if group_len > super::group::MAX_RECORD {
+            return Err(untrusted(format!(
+                "its group record declares {group_len} bytes, more than the {} a commit writes",
+                super::group::MAX_RECORD
+            )));
+        }
+        let start = HEADER_LEN_V3 + group_len;
+        if size < start + CRC_LEN {
+            return Err(torn(format!(
+                "{size} bytes, shorter than its group record ({group_len} bytes)"
+            )));
+        }
+        (start, group_len)
+    } else {
+        (HEADER_LEN, 0)
+    };
+    let ranges = if v1 { 1 } else { u64_at(16) };
+    // A file a commit of several re-lays out has a journal without ranges, and may already
+    // be the new file: its identity is judged against the group record (`group`).
+    let sized = !(v3 && ranges == 0);
+    if sized && journal_file_len != file_len {
         return Err(untrusted(format!(
             "it is for a file of {journal_file_len} bytes, the model has {file_len}"
         )));
     }
-    let ranges = if v1 { 1 } else { u64_at(16) };
     // Ranges are disjoint and inside the file: there cannot be more than its bytes.
     if ranges > file_len.max(1) {
         return Err(untrusted(format!(
@@ -476,7 +563,16 @@ fn check_journal(
         .filter(|&d| d <= size - CRC_LEN)
         .ok_or_else(|| torn(format!("{size} bytes, shorter than its range table")))?;
     let mut w = Window::new(j, 0, size - CRC_LEN, WINDOW);
-    w.skip(table_start).map_err(read_failed)?;
+    let group = if v3 {
+        w.skip(HEADER_LEN_V3).map_err(read_failed)?;
+        // Bounded above (MAX_RECORD), and the journal has these bytes (its size).
+        let mut record = vec![0u8; group_len as usize];
+        w.read_exact(&mut record).map_err(read_failed)?;
+        Some((u64_at(24), record))
+    } else {
+        w.skip(table_start).map_err(read_failed)?;
+        None
+    };
     let mut rules = RangeRules::new(file_len, writable);
     let mut data_len = 0u64;
     for _ in 0..ranges {
@@ -510,6 +606,8 @@ fn check_journal(
         return Err(torn("checksum mismatch".into()));
     }
     Ok(Layout {
+        file_len: journal_file_len,
+        group,
         table_start,
         ranges,
         data_start,
@@ -521,25 +619,30 @@ fn check_journal(
 /// What a journal beside a model file holds, found without changing anything.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Pending {
-    /// A whole journal, which `recover` (or a mount) replays.
-    Whole { ranges: usize, bytes: u64 },
+    /// A whole journal, which `recover` (or a mount) replays; `group` names the other
+    /// files of its commit when it changed several (empty otherwise).
+    Whole {
+        ranges: usize,
+        bytes: u64,
+        group: Vec<PathBuf>,
+    },
     /// A journal whose writing was interrupted, which `recover` discards.
     Torn(String),
 }
 
 /// A journal read and judged against the model file it sits beside.
-enum Found {
+pub(super) enum Found {
     Whole { layout: Layout, journal: File },
     Torn(String),
 }
 
 /// The advice every refusal of a journal ends with.
-const LEFT_IN_PLACE: &str =
+pub(super) const LEFT_IN_PLACE: &str =
     "it was left in place (remove it as root if it is not from an interrupted ptefs commit)";
 
 /// Reads the journal of `model` (known as `path`) through `beside`, if there is one. An
 /// error is a refusal: the journal is not one this file's commits can have written.
-fn examine(path: &Path, model: &ModelFile, beside: &Beside) -> Result<Option<Found>> {
+pub(super) fn examine(path: &Path, model: &ModelFile, beside: &Beside) -> Result<Option<Found>> {
     let name = journal_name(beside.model_name());
     let shown = beside.shown(&name);
     let refuse = |why: String| {
@@ -604,6 +707,7 @@ pub fn pending(path: &Path) -> Result<Option<Pending>> {
         Some(Found::Whole { layout, .. }) => Some(Pending::Whole {
             ranges: usize::try_from(layout.ranges).unwrap_or(usize::MAX),
             bytes: layout.data_len,
+            group: super::group::others(&beside, &layout)?,
         }),
     })
 }
@@ -627,6 +731,9 @@ pub fn recover(path: &Path) -> Result<Recovery> {
     let (layout, journal) = match examine(path, &model, &beside)? {
         None => return Ok(Recovery::None),
         Some(Found::Torn(why)) => return discard(&beside, &name, why),
+        Some(Found::Whole { layout, journal }) if layout.group.is_some() => {
+            return super::group::recover(path, &model, &beside, layout, journal)
+        }
         Some(Found::Whole { layout, journal }) => (layout, journal),
     };
     let target = model
@@ -666,7 +773,9 @@ pub fn recover(path: &Path) -> Result<Recovery> {
 /// Writes every range of the checked journal `j` into `target`, reading the table and the
 /// data again through windows, each range checked again as it is read; a byte the model
 /// already holds is not written. Returns whether anything was written.
-fn replay(j: &File, layout: &Layout, mut rules: RangeRules, target: &File) -> Result<bool> {
+pub(super) fn replay(
+    j: &File, layout: &Layout, mut rules: RangeRules, target: &File,
+) -> Result<bool> {
     let read = |e| Error::io("read", e);
     let mut table = Window::new(j, 0, layout.data_start, TABLE_WINDOW);
     table.skip(layout.table_start).map_err(read)?;
@@ -716,7 +825,7 @@ fn replay(j: &File, layout: &Layout, mut rules: RangeRules, target: &File) -> Re
 /// The error of a recovery that replayed journal `j` (named `shown`) into `path` but could
 /// not remove it (`e`): what was done, why the name stays, how to remove it, and what a
 /// replay of it next time does.
-fn unremovable(
+pub(super) fn unremovable(
     path: &Path, beside: &Beside, shown: &str, j: &File, layout: &Layout, wrote: bool, e: Error,
 ) -> Error {
     let model = path.display();
@@ -777,7 +886,7 @@ mod tests {
     }
 
     fn journal_bytes(file_len: u64, writes: &[RangeWrite]) -> Vec<u8> {
-        let mut j = encode_header(file_len, writes);
+        let mut j = encode_header(file_len, writes, None);
         for (_, b) in writes {
             j.extend_from_slice(&b.head(b.len()).unwrap());
         }

@@ -10,6 +10,7 @@ mod beside;
 pub mod bulk;
 mod direct;
 mod float;
+pub mod group;
 pub mod identity;
 pub mod journal;
 pub mod params;
@@ -117,8 +118,8 @@ pub fn commit<G>(
     )
 }
 
-/// Writes what a validated `plan` says: in place, one journal per file, or by re-laying a
-/// file out.
+/// Writes what a validated `plan` says: in place through a journal, or by re-laying a file
+/// out; a plan that changes several files commits them as one (`group`).
 pub fn commit_plan<G>(
     model: &Model, plan: Plan, exclusive: impl Fn() -> G, watcher: &dyn FileWatcher,
 ) -> Result<Outcome> {
@@ -126,24 +127,22 @@ pub fn commit_plan<G>(
         Plan::InPlace { mut writes } => {
             writes.sort_by_key(|w| (w.location.file, w.location.range.start()));
             let ranges = joined(writes.iter().map(|w| w.location));
-            // One journal per file: the ranges of one file change together.
-            let mut at = 0;
-            if writes.is_empty() {
+            // Several files: one commit, all old or all new across them
+            // (docs/writes.md#commits-of-several-files).
+            if writes
+                .first()
+                .is_some_and(|w| writes.iter().any(|o| o.location.file != w.location.file))
+            {
+                group::commit(model, &[], &writes, &exclusive, watcher)?;
                 return Ok(Outcome::InPlace { ranges });
             }
-            while at < writes.len() {
-                let file = writes[at].location.file;
-                let end = at
-                    + writes[at..]
-                        .iter()
-                        .take_while(|w| w.location.file == file)
-                        .count();
-                let ranges: Vec<journal::RangeWrite> = writes[at..end]
+            // One file: its journal.
+            if let Some(first) = writes.first() {
+                let ranges: Vec<journal::RangeWrite> = writes
                     .iter()
                     .map(|w| (w.location.range.start(), w.bytes.source()))
                     .collect();
-                journal::write_in_place(&model.files[file], &ranges, &exclusive)?;
-                at = end;
+                journal::write_in_place(&model.files[first.location.file], &ranges, &exclusive)?;
             }
             Ok(Outcome::InPlace { ranges })
         }
@@ -155,12 +154,28 @@ pub fn commit_plan<G>(
             relayouts,
             in_place,
         } => {
-            // Each file changes atomically on its own: re-laid-out files by their rename,
-            // the others through their journal.
             let first = relayouts.first().map(|(f, _)| *f);
+            let mut writes = in_place;
+            writes.sort_by_key(|w| (w.location.file, w.location.range.start()));
+            let several = relayouts.len() > 1
+                || (!relayouts.is_empty() && !writes.is_empty())
+                || writes
+                    .first()
+                    .is_some_and(|w| writes.iter().any(|o| o.location.file != w.location.file));
+            if several {
+                group::commit(model, &relayouts, &writes, &exclusive, watcher)?;
+                let ranges = joined(writes.iter().map(|w| w.location));
+                return Ok(
+                    first.map_or(Outcome::InPlace { ranges }, |file| Outcome::Relayout {
+                        file,
+                    }),
+                );
+            }
+            // One file: re-laid out by its rename, or written through its journal.
             for (file, change) in &relayouts {
                 relayout::rewrite(model, *file, change, watcher)?;
             }
+            let in_place = writes;
             let rest = commit_plan(
                 model,
                 Plan::InPlace { writes: in_place },

@@ -34,6 +34,16 @@ pub fn finish(path: &Path) -> Result<Vec<String>> {
             "{}: discarded the journal of an interrupted commit ({why}); the file is unchanged",
             path.display()
         )),
+        journal::Recovery::GroupFinished(files) => said.push(format!(
+            "{}: finished an interrupted commit of {} files from their journals ({})",
+            path.display(),
+            files.len(),
+            files.join("; ")
+        )),
+        journal::Recovery::GroupDiscarded(why) => said.push(format!(
+            "{}: discarded the journal of an interrupted commit ({why})",
+            path.display()
+        )),
     }
     said.extend(relayout::remove_stale(path));
     Ok(said)
@@ -64,8 +74,13 @@ pub fn interrupted_commits(file: &Path, data: &[PathBuf]) -> Vec<String> {
             let j = journal_path(path).display().to_string();
             let f = path.display();
             Some(match pending(path).transpose()? {
-                Ok(Pending::Whole { ranges, bytes }) => format!(
+                Ok(Pending::Whole { ranges, bytes, group }) if group.is_empty() => format!(
                     "{j}: an interrupted commit left this journal ({bytes} bytes in {ranges} range(s)), so {f} may hold partly written bytes: run `ptefs recover {f}` (or mount the file once) to finish it"
+                ),
+                Ok(Pending::Whole { ranges, bytes, group }) => format!(
+                    "{j}: an interrupted commit of {} files left this journal ({bytes} bytes in {ranges} range(s)), so {f} and {} may hold partly written bytes: run `ptefs recover {f}` (or mount the file once) to finish or discard the whole commit",
+                    group.len() + 1,
+                    group.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
                 ),
                 Ok(Pending::Torn(why)) => format!(
                     "{j}: {why}; the commit that wrote it did not start changing {f}: `ptefs recover {f}` (or a mount) removes it"

@@ -41,7 +41,7 @@ const MAX_UNIQUE_TAIL: usize = 16;
 
 /// `.<name>.ptefs-new.`: how the names of new files of model `name` start (cut so that
 /// the unique tail always fits).
-fn temp_prefix(model_name: &OsStr) -> Vec<u8> {
+pub(super) fn temp_prefix(model_name: &OsStr) -> Vec<u8> {
     let mut prefix = name_for(model_name, ".ptefs-new.").into_vec();
     prefix.truncate(NAME_MAX - MAX_UNIQUE_TAIL);
     prefix
@@ -104,6 +104,23 @@ enum SegmentSource<'a> {
 pub fn rewrite(
     model: &Model, file: FileIndex, change: &Change, watcher: &dyn super::FileWatcher,
 ) -> Result<()> {
+    let new = prepare(model, file, change)?;
+    replace_model(&new.beside, &new.name, &new.file, new.model, watcher)
+}
+
+/// A new file of a re-layout, written, checked and durable beside the model under a name of
+/// its own (`.<name>.ptefs-new.<random>`), not yet renamed over it.
+pub struct Prepared<'a> {
+    beside: Beside<'a>,
+    model: &'a ModelFile,
+    /// Its name in the model's directory.
+    pub name: std::ffi::OsString,
+    file: File,
+}
+
+/// Writes the new file of `file` of `model` with `change` applied, and names it beside the
+/// model; nothing replaces the model yet.
+pub fn prepare<'a>(model: &'a Model, file: FileIndex, change: &Change) -> Result<Prepared<'a>> {
     let mf = &model.files[file];
     let plan = match &mf.kind {
         Kind::Pte(pte) => plan_pte(mf, pte, change)?,
@@ -125,17 +142,63 @@ pub fn rewrite(
         let shown = format!("the new (unnamed) file beside {}", mf.path.display());
         let out = write_checked(mf, out, &shown, &plan)?;
         if let Some(name) = beside.link_unique(&out, &prefix)? {
-            return replace_model(&beside, &name, &out, mf, watcher);
+            return Ok(Prepared {
+                beside,
+                model: mf,
+                name,
+                file: out,
+            });
         }
     }
     let (out, name) = beside.create_unique(&prefix)?;
     let shown = beside.shown(&name);
     match write_checked(mf, out, &shown, &plan) {
-        Ok(out) => replace_model(&beside, &name, &out, mf, watcher),
+        Ok(file) => Ok(Prepared {
+            beside,
+            model: mf,
+            name,
+            file,
+        }),
         Err(e) => {
             let _ = beside.remove(&name);
             Err(e)
         }
+    }
+}
+
+impl Prepared<'_> {
+    /// The new file's inode and size.
+    pub fn identity(&self) -> Result<(u64, u64)> {
+        let meta = self
+            .file
+            .metadata()
+            .map_err(io(format!("stat {}", self.beside.shown(&self.name))))?;
+        Ok((meta.ino(), meta.len()))
+    }
+
+    /// Makes the new file's name durable (fsync of the directory).
+    pub fn sync_name(&self) -> Result<()> {
+        self.beside.sync()
+    }
+
+    /// Tells `watcher` the new file is about to replace the model: an error abandons it.
+    pub fn announce(&self, watcher: &dyn super::FileWatcher) -> Result<()> {
+        let meta = self
+            .file
+            .metadata()
+            .map_err(io(format!("stat {}", self.beside.shown(&self.name))))?;
+        watcher.replacing(&self.model.path, &meta)
+    }
+
+    /// Renames the new file over the model (once its name still names the mounted file)
+    /// and makes the rename durable.
+    pub fn replace(self) -> Result<()> {
+        self.beside.replace_model(&self.name)
+    }
+
+    /// Removes the new file's name: the model stays as it was.
+    pub fn abandon(self) {
+        let _ = self.beside.remove(&self.name);
     }
 }
 

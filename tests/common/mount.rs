@@ -116,11 +116,17 @@ impl Drop for Mount {
 /// Starts `ptefs mount --foreground model mnt` (its output discarded) and waits until the
 /// mount shows its tree; the child is the daemon.
 pub fn mount_foreground(model: &Path, mnt: &Path) -> Child {
-    let child = Command::new(BIN)
-        .arg("mount")
-        .arg("--foreground")
-        .arg(model)
-        .arg(mnt)
+    mount_foreground_with(model, &[], mnt)
+}
+
+/// `mount_foreground` of `model` with its data files `data`.
+pub fn mount_foreground_with(model: &Path, data: &[PathBuf], mnt: &Path) -> Child {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("mount").arg("--foreground").arg(model).arg(mnt);
+    for d in data {
+        cmd.arg("--data").arg(d);
+    }
+    let child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
