@@ -126,6 +126,10 @@ struct MountArgs {
     /// (bytes, or with K, M, G, T); default: what the file system's free space allows
     #[arg(long, value_name = "SIZE", value_parser = commands::mount::parse_size)]
     max_file_size: Option<u64>,
+    /// Show the tensors under the names of a map made by `ptefs names`, or of a checkpoint
+    /// learned from at mount: names/ and names.safetensors at the root.
+    #[arg(long, value_name = "MAP|CHECKPOINT")]
+    names: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -150,6 +154,9 @@ enum Command {
         data: Vec<PathBuf>,
         #[arg(long, value_name = "N", help = MAX_NODES_HELP, default_value_t = DEFAULT_MAX_NODES, hide_default_value = true)]
         max_nodes: u64,
+        /// Named views, as with `mount --names`.
+        #[arg(long, value_name = "MAP|CHECKPOINT")]
+        names: Option<PathBuf>,
         #[command(flatten)]
         remote: RemoteArgs,
     },
@@ -161,6 +168,9 @@ enum Command {
         data: Vec<PathBuf>,
         #[arg(long, value_name = "N", help = MAX_NODES_HELP, default_value_t = DEFAULT_MAX_NODES, hide_default_value = true)]
         max_nodes: u64,
+        /// Named views, as with `mount --names`.
+        #[arg(long, value_name = "MAP|CHECKPOINT")]
+        names: Option<PathBuf>,
         #[command(flatten)]
         remote: RemoteArgs,
     },
@@ -355,6 +365,7 @@ fn run(command: Command) -> ExitCode {
             log_file: a.log_file,
             max_nodes: a.max_nodes,
             max_file_size: a.max_file_size,
+            names: a.names,
         })),
         Command::Umount { mountpoint } => exit_code(commands::umount(&mountpoint)),
         Command::Ls {
@@ -364,9 +375,10 @@ fn run(command: Command) -> ExitCode {
             recursive,
             data,
             max_nodes,
+            names,
             ..
         } => exit_code(
-            commands::open_fs_limited(&file, &data, max_nodes)
+            commands::open_fs_named(&file, &data, max_nodes, names.as_deref())
                 .and_then(|fs| commands::ls(&fs, &path, long, recursive, &mut out)),
         ),
         Command::Cat {
@@ -374,9 +386,10 @@ fn run(command: Command) -> ExitCode {
             path,
             data,
             max_nodes,
+            names,
             ..
         } => exit_code(
-            commands::open_fs_limited(&file, &data, max_nodes)
+            commands::open_fs_named(&file, &data, max_nodes, names.as_deref())
                 .and_then(|fs| commands::cat(&fs, &path, &mut out)),
         ),
         Command::Info {
