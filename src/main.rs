@@ -234,7 +234,8 @@ enum Command {
         /// Attach a .ptd to B (repeatable).
         #[arg(long = "data-b", value_name = "PTD")]
         data_b: Vec<PathBuf>,
-        /// Pair tensors by the names of a map made by `ptefs names`.
+        /// Pair tensors by checkpoint name first: the names of a map made by `ptefs names`,
+        /// or learned from a checkpoint on each model side.
         #[arg(long, value_name = "MAP|CHECKPOINT")]
         names: Option<PathBuf>,
         /// Print the report as JSON (docs/commands.md#diff---json).
@@ -479,8 +480,8 @@ fn run(command: Command) -> ExitCode {
                     b,
                     data_a,
                     data_b,
+                    names,
                 },
-                names,
                 json,
             };
             match commands::diff(&req, &mut out) {
