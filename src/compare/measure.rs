@@ -167,10 +167,14 @@ fn measure_by_name(
         metrics: None,
         note: None,
     };
-    let moved = |n: Option<&Named>| n.is_some_and(|n| !n.map.is_identity());
+    // Bytes compare element for element when both sides keep the elements in one order.
+    let same_order = match (na, nb) {
+        (Some(x), Some(y)) => x.transform == y.transform && x.shape == y.shape,
+        (Some(n), None) | (None, Some(n)) => n.map.is_identity(),
+        (None, None) => true,
+    };
     if !changes.any()
-        && !moved(na)
-        && !moved(nb)
+        && same_order
         && a.data.range.len() == b.data.range.len()
         && a.scales.map(|s| s.range.len()) == b.scales.map(|s| s.range.len())
     {
