@@ -55,7 +55,7 @@ pub fn map_for(path: &Path, catalog: &Catalog, say: &mut dyn FnMut(&str)) -> Res
     }
     let mut map = NameMap::from_learned(&learned, model, &checkpoints);
     map.compute_digests(model)?;
-    for line in report::render(&map).lines() {
+    for line in report::render(&map).lines().filter(|l| !l.is_empty()) {
         say(line);
     }
     if map.matched() == 0 {
