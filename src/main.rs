@@ -103,6 +103,10 @@ struct MountArgs {
     /// (bytes, or with K, M, G, T); default: what the file system's free space allows
     #[arg(long, value_name = "SIZE", value_parser = commands::mount::parse_size)]
     max_file_size: Option<u64>,
+    /// Show the tensors under the names of a map made by `ptefs names`, or of a checkpoint
+    /// learned from at mount: names/ and names.safetensors at the root.
+    #[arg(long, value_name = "MAP|CHECKPOINT")]
+    names: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -127,6 +131,9 @@ enum Command {
         data: Vec<PathBuf>,
         #[arg(long, value_name = "N", help = MAX_NODES_HELP, default_value_t = DEFAULT_MAX_NODES, hide_default_value = true)]
         max_nodes: u64,
+        /// Named views, as with `mount --names`.
+        #[arg(long, value_name = "MAP|CHECKPOINT")]
+        names: Option<PathBuf>,
         #[command(flatten)]
         remote: RemoteArgs,
     },
@@ -138,6 +145,9 @@ enum Command {
         data: Vec<PathBuf>,
         #[arg(long, value_name = "N", help = MAX_NODES_HELP, default_value_t = DEFAULT_MAX_NODES, hide_default_value = true)]
         max_nodes: u64,
+        /// Named views, as with `mount --names`.
+        #[arg(long, value_name = "MAP|CHECKPOINT")]
+        names: Option<PathBuf>,
         #[command(flatten)]
         remote: RemoteArgs,
     },
@@ -201,7 +211,8 @@ enum Command {
         /// Attach a .ptd to B (repeatable).
         #[arg(long = "data-b", value_name = "PTD")]
         data_b: Vec<PathBuf>,
-        /// Pair tensors by the names of a map made by `ptefs names`.
+        /// Pair tensors by checkpoint name first: the names of a map made by `ptefs names`,
+        /// or learned from a checkpoint on each model side.
         #[arg(long, value_name = "MAP|CHECKPOINT")]
         names: Option<PathBuf>,
         /// Print the report as JSON (docs/commands.md#diff---json).
@@ -332,6 +343,7 @@ fn run(command: Command) -> ExitCode {
             log_file: a.log_file,
             max_nodes: a.max_nodes,
             max_file_size: a.max_file_size,
+            names: a.names,
         })),
         Command::Umount { mountpoint } => exit_code(commands::umount(&mountpoint)),
         Command::Ls {
@@ -341,9 +353,10 @@ fn run(command: Command) -> ExitCode {
             recursive,
             data,
             max_nodes,
+            names,
             ..
         } => exit_code(
-            commands::open_fs_limited(&file, &data, max_nodes)
+            commands::open_fs_named(&file, &data, max_nodes, names.as_deref())
                 .and_then(|fs| commands::ls(&fs, &path, long, recursive, &mut out)),
         ),
         Command::Cat {
@@ -351,9 +364,10 @@ fn run(command: Command) -> ExitCode {
             path,
             data,
             max_nodes,
+            names,
             ..
         } => exit_code(
-            commands::open_fs_limited(&file, &data, max_nodes)
+            commands::open_fs_named(&file, &data, max_nodes, names.as_deref())
                 .and_then(|fs| commands::cat(&fs, &path, &mut out)),
         ),
         Command::Info {
@@ -443,8 +457,8 @@ fn run(command: Command) -> ExitCode {
                     b,
                     data_a,
                     data_b,
+                    names,
                 },
-                names,
                 json,
             };
             match commands::diff(&req, &mut out) {

@@ -507,12 +507,9 @@ fn trouble_exits_2_with_a_message() {
         err.contains("neither an ExecuTorch file") && err.contains("nor a safetensors checkpoint"),
         "{err}"
     );
-    let (code, _, err) = ptefs(&[&"diff", &pte, &pte, &"--names", &"map.json"]);
+    let (code, _, err) = ptefs(&[&"diff", &pte, &pte, &"--names", &"no-such-map.json"]);
     assert_eq!(code, 2);
-    assert!(
-        err.contains("--names needs a map made by ptefs names"),
-        "{err}"
-    );
+    assert!(err.contains("no-such-map.json"), "{err}");
     let (code, _, err) = ptefs(&[&"diff", &pte, &pte, &"--data-a", &pte]);
     assert_eq!(code, 2);
     assert!(err.contains("a .ptd (identifier FT01)"), "{err}");

@@ -3,7 +3,6 @@
 //! summary or as JSON. Exit status as `diff`'s: 0 identical, 1 different, 2 trouble.
 
 use std::io::Write;
-use std::path::PathBuf;
 
 use crate::compare::{self, Request};
 use crate::edit::recovery::interrupted_commits;
@@ -14,20 +13,13 @@ use super::output;
 /// What `ptefs diff` was asked.
 #[derive(Debug, Clone, Default)]
 pub struct DiffRequest {
+    /// The sides, and `--names MAP|CHECKPOINT`.
     pub compare: Request,
-    /// `--names MAP|CHECKPOINT`.
-    pub names: Option<PathBuf>,
     pub json: bool,
 }
 
 /// Compares, prints the report, and says whether the two sides are identical.
 pub fn diff(req: &DiffRequest, out: &mut dyn Write) -> Result<bool> {
-    if let Some(names) = &req.names {
-        return Err(Error::invalid(format!(
-            "--names {}: --names needs a map made by ptefs names, which this build does not have; without it, tensors pair by their own names, value indices and delegate positions",
-            names.display()
-        )));
-    }
     let c = &req.compare;
     for (file, data) in [(&c.a, &c.data_a), (&c.b, &c.data_b)] {
         for warning in interrupted_commits(file, data) {

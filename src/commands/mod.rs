@@ -48,15 +48,26 @@ pub fn open_fs(file: &Path, data: &[PathBuf]) -> Result<Fs> {
 
 /// The tree of `file`, refused when it would have more than `max_nodes` nodes.
 pub fn open_fs_limited(file: &Path, data: &[PathBuf], max_nodes: u64) -> Result<Fs> {
+    open_fs_named(file, data, max_nodes, None)
+}
+
+/// The tree of `file` with the named views `--names` gives (a map, or a checkpoint learned
+/// from, its report on standard error), refused when it would have more than `max_nodes`
+/// nodes.
+pub fn open_fs_named(
+    file: &Path, data: &[PathBuf], max_nodes: u64, names: Option<&Path>,
+) -> Result<Fs> {
     for warning in interrupted_commits(file, data) {
         log::warn!("{warning}");
         eprintln!("ptefs: warning: {warning}");
     }
     let model = Model::open(file, data)?;
-    Ok(Fs::new(
-        Tree::build_limited(Arc::new(model), max_nodes)?,
-        Options { read_only: true },
-    ))
+    let tree = Tree::build_with(Arc::new(model), max_nodes, |catalog| {
+        names
+            .map(|p| crate::names::given::map_for(p, catalog, &mut |line| eprintln!("{line}")))
+            .transpose()
+    })?;
+    Ok(Fs::new(tree, Options { read_only: true }))
 }
 
 /// The catalog of `file` (with `data` attached), without its tree, refused when the tree

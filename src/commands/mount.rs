@@ -43,6 +43,8 @@ pub struct MountRequest {
     /// (`--max-file-size`); `None`: `-o max_file_size=` if given, else what the file
     /// system's free space allows.
     pub max_file_size: Option<u64>,
+    /// `--names MAP|CHECKPOINT`: the named views (docs/tree.md#named-views).
+    pub names: Option<PathBuf>,
 }
 
 /// What is in the way of a mount on `path`: a FUSE mount whose daemon has exited.
@@ -231,15 +233,24 @@ fn remote_files<'a>(files: impl Iterator<Item = &'a PathBuf>) -> Result<Option<S
     Ok(first)
 }
 
-/// Parses the model and its data files and builds the tree that the mount shows, unless it
-/// would have more than `max_nodes` nodes.
-fn open_tree(file: &Path, data: &[PathBuf], read_only: bool, max_nodes: u64) -> Result<Tree> {
+/// Parses the model and its data files and builds the tree that the mount shows, with the
+/// named views of `names` (a map checked against the files, or a checkpoint learned from,
+/// its report logged), unless it would have more than `max_nodes` nodes.
+fn open_tree(
+    file: &Path, data: &[PathBuf], read_only: bool, max_nodes: u64, names: Option<&Path>,
+) -> Result<Tree> {
     let model = if read_only {
         Model::open(file, data)?
     } else {
         Model::open_writable(file, data)?
     };
-    Tree::build_limited(Arc::new(model), max_nodes)
+    Tree::build_with(Arc::new(model), max_nodes, |catalog| {
+        names
+            .map(|p| {
+                crate::names::given::map_for(p, catalog, &mut |line| log::info!("names: {line}"))
+            })
+            .transpose()
+    })
 }
 
 /// ptefs's own `-o` options.
@@ -317,6 +328,15 @@ pub fn mount(req: &MountRequest) -> Result<()> {
     // daemon (the network runtime cannot cross the fork).
     let remote = remote_files(std::iter::once(&file).chain(&data))?;
     let mountpoint = mountpoint_dir(&req.mountpoint)?;
+    // Absolute: the daemon leaves the directory it was started in.
+    let names = req
+        .names
+        .as_ref()
+        .map(|p| {
+            p.canonicalize()
+                .map_err(|e| Error::io(format!("--names {}", p.display()), e))
+        })
+        .transpose()?;
     fuse_usable()?;
     refuse_mount_over(&mountpoint)?;
     // Each local file is mounted once; the claims are held for the daemon's whole life. A
@@ -365,7 +385,7 @@ pub fn mount(req: &MountRequest) -> Result<()> {
         }
     }
     if req.foreground {
-        let tree = open_tree(&file, &data, read_only, max_nodes)?;
+        let tree = open_tree(&file, &data, read_only, max_nodes, names.as_deref())?;
         let warnings = warnings(&tree);
         return serve::serve(
             tree,
@@ -408,7 +428,7 @@ pub fn mount(req: &MountRequest) -> Result<()> {
             } else {
                 ready
             };
-            let tree = match open_tree(&file, &data, read_only, max_nodes) {
+            let tree = match open_tree(&file, &data, read_only, max_nodes, names.as_deref()) {
                 Ok(t) => t,
                 Err(e) => {
                     // Released before the report: the next mount may start as soon as the

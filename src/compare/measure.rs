@@ -14,7 +14,10 @@ use crate::catalog::tensors::Tensor;
 use crate::error::{Error, Result};
 use crate::format::layout::Location;
 
+use super::names::Named;
 use super::side::Side;
+use crate::names::view::gather;
+use crate::names::IndexMap;
 
 /// Bytes compared at a time, per side.
 pub const BYTES_WINDOW: u64 = 4 << 20;
@@ -97,6 +100,17 @@ impl Measured {
 
 /// Compares tensor `a` of side `sa` with tensor `b` of side `sb`.
 pub fn measure(sa: &Side, a: &Tensor, sb: &Side, b: &Tensor) -> Result<Measured> {
+    measure_named(sa, a, None, sb, b, None)
+}
+
+/// `measure`, for tensors a name map names (`na`, `nb`): their values are compared in the
+/// checkpoint's order, each side's transform undone (docs/commands.md#names-in-a-diff).
+pub fn measure_named(
+    sa: &Side, a: &Tensor, na: Option<&Named>, sb: &Side, b: &Tensor, nb: Option<&Named>,
+) -> Result<Measured> {
+    if na.is_some() || nb.is_some() {
+        return measure_by_name(sa, a, na, sb, b, nb);
+    }
     let changes = Changes::of(a, b);
     let same_storage = !changes.dtype
         && !changes.scheme
@@ -133,6 +147,68 @@ pub fn measure(sa: &Side, a: &Tensor, sb: &Side, b: &Tensor) -> Result<Measured>
         }
         (Some(_), Some(_)) => {
             out.note = Some("shapes differ: values not compared".to_string());
+        }
+        (None, _) => out.note = Some(no_view(a)),
+        (_, None) => out.note = Some(no_view(b)),
+    }
+    Ok(out)
+}
+
+/// Two tensors paired by checkpoint name: bytes compared when both store them alike and
+/// in the same order, values compared in the checkpoint's order.
+fn measure_by_name(
+    sa: &Side, a: &Tensor, na: Option<&Named>, sb: &Side, b: &Tensor, nb: Option<&Named>,
+) -> Result<Measured> {
+    let changes = Changes::of(a, b);
+    let mut out = Measured {
+        changes,
+        bytes_differ: None,
+        bytes_compared: 0,
+        metrics: None,
+        note: None,
+    };
+    // Bytes compare element for element when both sides keep the elements in one order.
+    let same_order = match (na, nb) {
+        (Some(x), Some(y)) => x.transform == y.transform && x.shape == y.shape,
+        (Some(n), None) | (None, Some(n)) => n.map.is_identity(),
+        (None, None) => true,
+    };
+    if !changes.any()
+        && same_order
+        && a.data.range.len() == b.data.range.len()
+        && a.scales.map(|s| s.range.len()) == b.scales.map(|s| s.range.len())
+    {
+        let mut differ = count_differing(sa, &a.data, sb, &b.data)?;
+        if let (Some(x), Some(y)) = (&a.scales, &b.scales) {
+            differ += count_differing(sa, x, sb, y)?;
+        }
+        out.bytes_differ = Some(differ);
+        out.bytes_compared = a.nbytes();
+        if differ == 0 {
+            return Ok(out);
+        }
+    }
+    // The checkpoint's shape of each side: a name's, or the tensor's own.
+    let shape_a = na.map_or(&a.shape, |n| &n.shape);
+    let shape_b = nb.map_or(&b.shape, |n| &n.shape);
+    match (&a.view, &b.view) {
+        (Some(va), Some(vb)) if shape_a == shape_b => {
+            let numel: u64 = shape_a.iter().product();
+            if va.layout.numel() != numel || vb.layout.numel() != numel {
+                out.note = Some("the named tensor's elements do not fit its view".to_string());
+            } else {
+                out.metrics = Some(values_mapped(
+                    sa,
+                    va,
+                    na.map(|n| &n.map),
+                    sb,
+                    vb,
+                    nb.map(|n| &n.map),
+                )?);
+            }
+        }
+        (Some(_), Some(_)) => {
+            out.note = Some("the checkpoint shapes differ: values not compared".to_string());
         }
         (None, _) => out.note = Some(no_view(a)),
         (_, None) => out.note = Some(no_view(b)),
@@ -198,7 +274,17 @@ fn view_bytes<'s>(side: &'s Side, view: &FloatView) -> Result<ViewBytes<'s>> {
 
 /// Compares the values of two views of the same shape, window by window.
 fn values(sa: &Side, va: &FloatView, sb: &Side, vb: &FloatView) -> Result<Metrics> {
+    values_mapped(sa, va, None, sb, vb, None)
+}
+
+/// Compares the values of two views of as many elements, window by window, each read in
+/// the order its index map gives (memory order without one).
+fn values_mapped(
+    sa: &Side, va: &FloatView, ma: Option<&IndexMap>, sb: &Side, vb: &FloatView,
+    mb: Option<&IndexMap>,
+) -> Result<Metrics> {
     let numel = va.layout.numel();
+    let moved = ma.is_some_and(|m| !m.is_identity()) || mb.is_some_and(|m| !m.is_identity());
     let (mut sum_abs, mut sum_sq, mut dot, mut aa, mut bb) = (0f64, 0f64, 0f64, 0f64, 0f64);
     let (mut max_abs, mut elements, mut nonfinite) = (0f64, 0u64, 0u64);
     let mut wa = vec![0f32; VALUES_WINDOW];
@@ -211,12 +297,22 @@ fn values(sa: &Side, va: &FloatView, sb: &Side, vb: &FloatView) -> Result<Metric
         while first < numel {
             let n = (VALUES_WINDOW as u64).min(numel - first) as usize;
             let quant = |e: crate::backend::view::QuantError| Error::invalid(e.message());
-            va.layout
-                .dequantize(&da, &sa_scales, first, &mut wa[..n])
-                .map_err(quant)?;
-            vb.layout
-                .dequantize(&db, &sb_scales, first, &mut wb[..n])
-                .map_err(quant)?;
+            let read = |v: &FloatView,
+                        data: &[u8],
+                        scales: &[u8],
+                        map: Option<&IndexMap>,
+                        out: &mut [f32]|
+             -> Result<()> {
+                let one = |at: u64, o: &mut [f32]| {
+                    v.layout.dequantize(data, scales, at, o).map_err(quant)
+                };
+                match map {
+                    Some(m) => gather(m, first, out, one),
+                    None => one(first, out),
+                }
+            };
+            read(va, &da, &sa_scales, ma, &mut wa[..n])?;
+            read(vb, &db, &sb_scales, mb, &mut wb[..n])?;
             for (&x, &y) in wa[..n].iter().zip(&wb[..n]) {
                 if !(x.is_finite() && y.is_finite()) {
                     nonfinite += 1;
@@ -238,8 +334,11 @@ fn values(sa: &Side, va: &FloatView, sb: &Side, vb: &FloatView) -> Result<Metric
             first += n as u64;
             // Give back the bytes this window used, in proportion: values are stored in
             // element order, so what lies before the next window's share is done.
-            release_done(sa, &va.data, first, numel, &mut released[0]);
-            release_done(sb, &vb.data, first, numel, &mut released[1]);
+            // Elements in another order are not read in proportion: kept until the end.
+            if !moved {
+                release_done(sa, &va.data, first, numel, &mut released[0]);
+                release_done(sb, &vb.data, first, numel, &mut released[1]);
+            }
         }
     }
     for (side, view) in [(sa, va), (sb, vb)] {

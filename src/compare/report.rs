@@ -146,7 +146,20 @@ impl Report {
                 if tb.path != ta.path {
                     let _ = write!(line, " ~ {}", tb.path);
                 }
-                let _ = write!(line, " ({})", e.how.map_or("", |h| h.describe()));
+                match &e.named {
+                    Some(n) => {
+                        let _ = write!(line, " (by checkpoint name {}", n.name);
+                        for (tag, t) in [("a", &n.transform_a), ("b", &n.transform_b)] {
+                            if let Some(t) = t.as_ref().filter(|t| *t != "identity") {
+                                let _ = write!(line, ", {tag}: {t}");
+                            }
+                        }
+                        line.push(')');
+                    }
+                    None => {
+                        let _ = write!(line, " ({})", e.how.map_or("", |h| h.describe()));
+                    }
+                }
                 if m.changes.any() {
                     let _ = write!(line, ": {} -> {}", describe(ta), describe(tb));
                 } else {
@@ -285,6 +298,9 @@ impl Report {
                 json!({
                     "status": status,
                     "paired_by": e.how.map(|h| h.as_str()),
+                    "checkpoint_name": e.named.as_ref().map(|n| &n.name),
+                    "transform_a": e.named.as_ref().and_then(|n| n.transform_a.as_ref()),
+                    "transform_b": e.named.as_ref().and_then(|n| n.transform_b.as_ref()),
                     "a": ta.map(tensor_json),
                     "b": tb.map(tensor_json),
                     "changes": m.map(|m| m.changes.names()),

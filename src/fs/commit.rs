@@ -68,10 +68,27 @@ fn same_shape(a: &Tree, b: &Tree) -> bool {
             .all(|(x, y)| x.parent == y.parent && x.is_dir() == y.is_dir() && x.name == y.name)
 }
 
-/// Re-opens the files of `tree` after a commit and builds the new tree.
-pub fn reload(tree: &Tree) -> Result<Tree> {
+/// Re-opens the files of `tree` after a commit (`ours`) or a change behind the mount, and
+/// builds the new tree (docs/tree.md#named-views). Named views follow a commit of ours: the
+/// map is resolved again on the new files by tree path (its digests are expected to differ
+/// then); after a change behind the mount, only when the files are still those the map was
+/// learned on. A map that no longer fits is dropped, with a warning.
+pub fn reload(tree: &Tree, ours: bool) -> Result<Tree> {
     let model: Model = tree.model.reopen()?;
-    Ok(Tree::build(Arc::new(model)))
+    let catalog = Arc::new(crate::catalog::Catalog::of(Arc::new(model)));
+    let views = tree.names.as_ref().and_then(|v| {
+        if !ours {
+            if let Err(e) = v.map.check_files(&catalog.model) {
+                log::warn!("names/ is gone: {e}");
+                return None;
+            }
+        }
+        crate::names::NamedViews::resolve(&catalog, v.map.clone())
+            .map(Arc::new)
+            .map_err(|e| log::warn!("names/ is gone after the commit: {e}"))
+            .ok()
+    });
+    Ok(Tree::of_named(catalog, views))
 }
 
 /// What a commit does with content that is not a valid whole.
@@ -143,7 +160,7 @@ impl Fs {
             // proportional to the number of values, not to the tensor.
             self.refresh_identity();
         } else {
-            let new_tree = reload(&tree).map_err(|e| {
+            let new_tree = reload(&tree, true).map_err(|e| {
                 Error::new(
                     libc::EIO,
                     format!("{path}: written, but re-reading the model failed: {e}"),

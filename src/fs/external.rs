@@ -127,7 +127,7 @@ impl Fs {
         if let Err(why) = tree.model.files[file].still_named() {
             return Err(self.go_stale(format!("{why}: remount to see what its name holds now")));
         }
-        match super::commit::reload(&tree) {
+        match super::commit::reload(&tree, false) {
             Ok(new_tree) => {
                 log::warn!(
                     "{path} changed behind the mount ({how}): showing it anew; files opened before fail with ESTALE"

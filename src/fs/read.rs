@@ -330,6 +330,18 @@ pub fn read(tree: Arc<Tree>, ino: Ino, offset: u64, size: u32) -> Result<ReadDat
                 }
             }
         }
+        Content::Named(f) => {
+            // Computed from the stored tensors: not from a file that shrank under its mapping.
+            let sources = tree.reads(ino);
+            for l in &sources {
+                check_still_backed(&tree, l)?;
+            }
+            let bytes = tree.named_read(*f, offset, size)?;
+            for l in &sources {
+                check_still_backed(&tree, l)?;
+            }
+            Part::Owned(bytes)
+        }
         Content::Text { .. } => {
             // A histogram reads tensor bytes: not from a file that shrank under its mapping.
             for l in tree.reads(ino) {

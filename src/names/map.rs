@@ -404,38 +404,7 @@ impl NameMap {
             .collect();
         let mut names = Map::new();
         for n in &self.names {
-            let mut o = json!({
-                "checkpoint": n.checkpoint,
-                "dtype": n.dtype,
-                "shape": n.shape,
-                "status": n.status.as_str(),
-            });
-            match &n.status {
-                Status::Matched { targets, runner_up } => {
-                    o["targets"] = targets.iter().map(target_json).collect();
-                    o["runner_up"] = runner_up.as_ref().map_or(Value::Null, near_json);
-                }
-                Status::Ambiguous { candidates, with } => {
-                    o["candidates"] = candidates.iter().map(target_json).collect();
-                    o["with"] = json!(with);
-                }
-                Status::Folded {
-                    target,
-                    transform,
-                    factors,
-                    rms_steps,
-                } => {
-                    o["target"] = stored_json(target);
-                    o["transform"] = transform.to_json();
-                    o["factors"] = json!([number(factors.0), number(factors.1)]);
-                    o["rms_steps"] = number(*rms_steps);
-                }
-                Status::Unmatched { closest } => {
-                    o["closest"] = closest.as_ref().map_or(Value::Null, near_json);
-                }
-                Status::NotCompared { why } => o["why"] = json!(why),
-            }
-            names.insert(n.name.clone(), o);
+            names.insert(n.name.clone(), name_json(n));
         }
         Ok(json!({
             "format": FORMAT,
@@ -530,6 +499,42 @@ impl NameMap {
             unnamed,
         })
     }
+}
+
+/// One name's entry of the map's `names` object (docs/names.md#the-map).
+pub fn name_json(n: &MapName) -> Value {
+    let mut o = json!({
+        "checkpoint": n.checkpoint,
+        "dtype": n.dtype,
+        "shape": n.shape,
+        "status": n.status.as_str(),
+    });
+    match &n.status {
+        Status::Matched { targets, runner_up } => {
+            o["targets"] = targets.iter().map(target_json).collect();
+            o["runner_up"] = runner_up.as_ref().map_or(Value::Null, near_json);
+        }
+        Status::Ambiguous { candidates, with } => {
+            o["candidates"] = candidates.iter().map(target_json).collect();
+            o["with"] = json!(with);
+        }
+        Status::Folded {
+            target,
+            transform,
+            factors,
+            rms_steps,
+        } => {
+            o["target"] = stored_json(target);
+            o["transform"] = transform.to_json();
+            o["factors"] = json!([number(factors.0), number(factors.1)]);
+            o["rms_steps"] = number(*rms_steps);
+        }
+        Status::Unmatched { closest } => {
+            o["closest"] = closest.as_ref().map_or(Value::Null, near_json);
+        }
+        Status::NotCompared { why } => o["why"] = json!(why),
+    }
+    o
 }
 
 /// A finite number, or null (an error that overflowed, a NaN in a checkpoint).

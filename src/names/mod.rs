@@ -9,6 +9,10 @@
 //! - `map`: the name map (`ptefs names -o`), its JSON, and the digests that tie it to the
 //!   files it was learned on.
 //! - `report`: the human-readable report of a map.
+//! - `given`: what `--names` gives a command: a map checked against the files, or a
+//!   checkpoint learned from.
+//! - `view`: a map resolved against a model: each name read back in the checkpoint's
+//!   layout and dtype (the mount's `names/`, `ptefs diff --names`).
 //!
 //! Invariants: nothing here writes a model file or loads a whole one into memory; what is
 //! read is bounded by the largest tensor (a fixed sample per stored tensor, windows of
@@ -16,14 +20,17 @@
 
 pub mod checkpoint;
 pub mod elem;
+pub mod given;
 pub mod map;
 pub mod matching;
 pub mod report;
 pub mod stored;
 pub mod transform;
+pub mod view;
 
 pub use checkpoint::{Adapter, Checkpoint};
 pub use map::NameMap;
 pub use matching::{learn, Learned, Match, NameResult, Outcome, Quality};
 pub use stored::{stored_tensors, Stored, Values};
 pub use transform::{Direction, IndexMap, Transform};
+pub use view::NamedViews;

@@ -3,7 +3,7 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 
-use super::{Content, HistOf, Ino, Node, TextCache, TextKind, Tree, ROOT, UNKNOWN_LEN};
+use super::{Content, HistOf, Ino, NamedFile, Node, TextCache, TextKind, Tree, ROOT, UNKNOWN_LEN};
 use crate::backend::{BlobRef, FloatView};
 use crate::catalog::names::{self, Names};
 use crate::catalog::{Catalog, Decoded, Payloads};
@@ -12,6 +12,8 @@ use crate::format::layout::{FileIndex, Location, TensorData, TensorShape};
 use crate::format::sharing::TensorId;
 use crate::format::target::WeightsView;
 use crate::format::{npy, scalar_type, Kind, Model, WriteTarget};
+use crate::names::view::{not_shown, NamedViews};
+use crate::names::NameMap;
 
 /// The most nodes a tree may have unless the user allows more (`--max-nodes`): about 1.5
 /// million tensor values, several GiB of memory for the parsed program and the tree.
@@ -69,7 +71,7 @@ impl Builder {
     }
 
     /// Sorts the children of every directory by name, except those already in order.
-    fn finish(mut self, catalog: Arc<Catalog>) -> Tree {
+    fn finish(mut self, catalog: Arc<Catalog>, names: Option<Arc<NamedViews>>) -> Tree {
         for &(dir, ordered) in &self.dirs {
             let i = (dir - 1) as usize;
             if ordered {
@@ -90,6 +92,7 @@ impl Builder {
         Tree {
             model: catalog.model.clone(),
             catalog,
+            names,
             nodes: self.nodes,
             sharing: OnceLock::new(),
             texts: TextCache::new(super::TEXT_CACHE_BUDGET),
@@ -503,6 +506,36 @@ fn add_pte(
     decoded_dirs
 }
 
+/// `names/` and `names.safetensors` at the root (docs/tree.md#named-views): every name of
+/// the map has a `.json`; a shown one also its `.npy` and `.hist.svg`.
+fn add_names(b: &mut Builder, views: &NamedViews) {
+    let dir = b.dir(ROOT, "names");
+    for (i, n) in views.names.iter().enumerate() {
+        b.text(dir, &file_name(&n.base, ".json"), TextKind::NameJson(i));
+        if n.shown.is_some() {
+            b.push(
+                dir,
+                file_name(&n.base, ".npy"),
+                Content::Named(NamedFile::Npy(i)),
+            );
+            b.push_node(hist_node(dir, &n.base, HistOf::Name(i)));
+        }
+    }
+    b.push(
+        ROOT,
+        "names.safetensors".to_string(),
+        Content::Named(NamedFile::Safetensors),
+    );
+}
+
+/// The nodes `add_names` makes for the names of `map`.
+pub fn names_node_count(map: &NameMap) -> u64 {
+    let shown = (0..map.names.len())
+        .filter(|&e| not_shown(map, e).is_none())
+        .count() as u64;
+    2 + map.names.len() as u64 + 2 * shown
+}
+
 /// The number of nodes `Tree::build` makes for `model`, counted from its tables without
 /// building anything (so a file too large for the limit is refused before it costs memory).
 pub fn node_count(model: &Model) -> u64 {
@@ -594,12 +627,38 @@ pub fn node_count_with(model: &Model, payloads: &Payloads) -> u64 {
 impl Tree {
     /// The tree of `model`, unless it would have more than `max_nodes` nodes.
     pub fn build_limited(model: Arc<Model>, max_nodes: u64) -> Result<Tree> {
+        Tree::build_named(model, max_nodes, None)
+    }
+
+    /// The tree of `model` with the named views of `map` (which the caller has checked
+    /// against the files, `NameMap::check_files`), unless it would have more than
+    /// `max_nodes` nodes.
+    pub fn build_named(model: Arc<Model>, max_nodes: u64, map: Option<NameMap>) -> Result<Tree> {
+        Tree::build_with(model, max_nodes, |_| Ok(map))
+    }
+
+    /// The tree of `model` with the named views of the map `names` gives for its catalog
+    /// (checked against the files by `names`), unless it would have more than `max_nodes`
+    /// nodes: the model alone is counted before `names` is asked.
+    pub fn build_with(
+        model: Arc<Model>, max_nodes: u64, names: impl FnOnce(&Catalog) -> Result<Option<NameMap>>,
+    ) -> Result<Tree> {
         let payloads = Payloads::decode(&model);
         let n = node_count_with(&model, &payloads);
         if n > max_nodes {
             return Err(too_many_nodes(&model, n, max_nodes));
         }
-        Ok(Tree::of(Arc::new(Catalog::with_payloads(model, payloads))))
+        let catalog = Arc::new(Catalog::with_payloads(model, payloads));
+        let map = names(&catalog)?;
+        let n = n.saturating_add(map.as_ref().map_or(0, names_node_count));
+        if n > max_nodes {
+            return Err(too_many_nodes(&catalog.model, n, max_nodes));
+        }
+        let views = match map {
+            Some(map) => Some(Arc::new(NamedViews::resolve(&catalog, map)?)),
+            None => None,
+        };
+        Ok(Tree::of_named(catalog, views))
     }
 
     /// The tree of `model`, however large.
@@ -609,8 +668,15 @@ impl Tree {
 
     /// The tree that shows `catalog`'s model.
     pub fn of(catalog: Arc<Catalog>) -> Tree {
+        Tree::of_named(catalog, None)
+    }
+
+    /// The tree that shows `catalog`'s model, and the named views `views` (resolved against
+    /// the same catalog).
+    pub fn of_named(catalog: Arc<Catalog>, views: Option<Arc<NamedViews>>) -> Tree {
         let model = &*catalog.model;
-        let count = node_count_with(model, &catalog.payloads);
+        let count = node_count_with(model, &catalog.payloads)
+            + views.as_ref().map_or(0, |v| names_node_count(&v.map));
         let mut nodes = Vec::with_capacity(usize::try_from(count).unwrap_or(0));
         nodes.push(Node {
             name: String::new(),
@@ -637,12 +703,15 @@ impl Tree {
                 add_ptd(&mut b, model, names, ROOT, 0);
             }
         }
+        if let Some(views) = &views {
+            add_names(&mut b, views);
+        }
         debug_assert_eq!(
             b.nodes.len() as u64,
             count,
             "node_count and the builder differ"
         );
-        b.finish(catalog)
+        b.finish(catalog, views)
     }
 }
 

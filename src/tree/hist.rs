@@ -34,6 +34,8 @@ pub enum Values {
     },
     /// A backend's view of a payload constant.
     View(FloatView),
+    /// Name i of the named views, in its checkpoint's dtype.
+    Named(usize),
 }
 
 /// Whether tensors of ExecuTorch scalar type `t` get a histogram: those whose elements are
@@ -120,6 +122,21 @@ pub fn values(tree: &Tree, of: HistOf) -> Option<(Values, String)> {
             };
             Some((Values::View(view), format!("{what}, {how}")))
         }
+        HistOf::Name(i) => {
+            let views = tree.names.as_ref()?;
+            let s = views.names.get(i)?.shown.as_ref()?;
+            let dims: Vec<String> = s.shape.iter().map(u64::to_string).collect();
+            Some((
+                Values::Named(i),
+                format!(
+                    "{}[{}] from {} ({})",
+                    s.float.name(),
+                    dims.join(","),
+                    s.stored.what,
+                    s.transform
+                ),
+            ))
+        }
     }
 }
 
@@ -128,6 +145,7 @@ pub fn sources(tree: &Tree, of: HistOf) -> Vec<Location> {
     match values(tree, of) {
         Some((Values::Plain { location, .. }, _)) => vec![location],
         Some((Values::View(v), _)) => v.sources().collect(),
+        Some((Values::Named(i), _)) => tree.names.as_ref().map_or(Vec::new(), |v| v.sources(i)),
         None => Vec::new(),
     }
 }
@@ -198,6 +216,23 @@ fn walk(
                 first += n as u64;
             }
         }
+        Values::Named(i) => {
+            let views = tree
+                .names
+                .as_ref()
+                .ok_or_else(|| eio("the named views are gone"))?;
+            let numel = views.names[*i].shown.as_ref().map_or(0, |s| s.numel());
+            let mut window = vec![0f32; WINDOW];
+            let mut first = 0u64;
+            while first < numel {
+                let n = (numel - first).min(WINDOW as u64) as usize;
+                views.read(model, *i, first, &mut window[..n])?;
+                buf.clear();
+                buf.extend(window[..n].iter().map(|&v| f64::from(v)));
+                f(&buf);
+                first += n as u64;
+            }
+        }
     }
     Ok(())
 }
@@ -213,7 +248,7 @@ pub fn render(tree: &Tree, ino: Ino, of: HistOf) -> Result<Vec<u8>> {
     let mut moments = Moments::default();
     let grid = match &values {
         Values::View(v) => v.layout.grid(),
-        Values::Plain { .. } => None,
+        Values::Plain { .. } | Values::Named(_) => None,
     };
     let mut tally = grid.map(|g| QuantTally::new(g.levels, g.scales));
     walk(

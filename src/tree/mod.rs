@@ -21,6 +21,7 @@ use crate::catalog::{Catalog, WeightsFile};
 use crate::format::layout::{FileIndex, Location, TensorShape};
 use crate::format::target::WeightsView;
 use crate::format::{Model, WriteTarget};
+use crate::names::NamedViews;
 
 pub use build::{node_count, DEFAULT_MAX_NODES};
 pub use cache::{TextCache, TEXT_CACHE_BUDGET};
@@ -59,6 +60,8 @@ pub enum TextKind {
     Hist(HistOf),
     /// `sizes.svg` at the root: where the bytes of the files go.
     SizesSvg,
+    /// `names/<name>.json` of name i of the named views (docs/tree.md#named-views).
+    NameJson(usize),
 }
 
 /// Whose values a `.hist.svg` shows (docs/tree.md#histograms).
@@ -70,6 +73,17 @@ pub enum HistOf {
     Named(FileIndex, usize),
     /// The value at position k of the decoded payload of delegate (plan, delegate).
     Payload(usize, usize, usize),
+    /// Name i of the named views, in the checkpoint's layout and dtype.
+    Name(usize),
+}
+
+/// A file of the named views whose bytes are computed per read (docs/tree.md#named-views).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NamedFile {
+    /// `names/<name>.npy` of name i.
+    Npy(usize),
+    /// `names.safetensors`.
+    Safetensors,
 }
 
 #[derive(Debug)]
@@ -92,6 +106,8 @@ pub enum Content {
     Weights {
         view: WeightsView,
     },
+    /// A file of the named views, computed per read from the stored tensors.
+    Named(NamedFile),
     /// Generated text; its bytes live in the tree's `TextCache`.
     Text {
         kind: TextKind,
@@ -122,6 +138,8 @@ pub struct Tree {
     pub catalog: Arc<Catalog>,
     /// The catalog's model.
     pub model: Arc<Model>,
+    /// The names a map gives the stored tensors (`--names`), resolved against the catalog.
+    pub names: Option<Arc<NamedViews>>,
     pub nodes: Vec<Node>,
     /// Paths that show each shared byte range, for `aliases` and `user.ptefs.shared`; built
     /// on first use.
@@ -192,8 +210,37 @@ impl Tree {
                 kind: TextKind::Hist(of),
                 ..
             }) => hist::sources(self, *of),
+            Some(Content::Named(f)) => match (&self.names, f) {
+                (Some(v), NamedFile::Npy(i)) => v.sources(*i),
+                (Some(v), NamedFile::Safetensors) => v.all_sources(),
+                (None, _) => Vec::new(),
+            },
             _ => Vec::new(),
         }
+    }
+
+    /// Bytes `[offset, offset + size)` of a file of the named views, computed from the
+    /// stored tensors.
+    pub fn named_read(
+        &self, f: NamedFile, offset: u64, size: u32,
+    ) -> crate::error::Result<Vec<u8>> {
+        let views = self.names.as_ref().ok_or_else(|| {
+            crate::error::Error::not_found("this tree has no named views".to_string())
+        })?;
+        match f {
+            NamedFile::Npy(i) => views.npy_read(&self.model, i, offset, size),
+            NamedFile::Safetensors => views.safetensors_read(&self.model, offset, size),
+        }
+    }
+
+    /// The checkpoint name of the tensor a value's or a named-data entry's `.json` (`ino`)
+    /// describes, when a map names it: by tree path, or by the named-data key of its bytes.
+    pub fn checkpoint_name(&self, ino: Ino, key: Option<(FileIndex, &str)>) -> Option<&str> {
+        let views = self.names.as_deref()?;
+        if let Some(n) = views.name_at(&self.sharer_path(ino)) {
+            return Some(n);
+        }
+        key.and_then(|(f, k)| views.name_of_key(f, k))
     }
 
     /// The `weights.safetensors` `view` shows, listed on the first call.
@@ -578,6 +625,15 @@ impl Tree {
                 header.len() as u64 + view.layout.numel() * 4
             }
             Some(Content::Weights { view }) => self.weights(*view).len,
+            Some(Content::Named(f)) => match (&self.names, f) {
+                (Some(v), NamedFile::Npy(i)) => v
+                    .names
+                    .get(*i)
+                    .and_then(|n| n.shown.as_ref())
+                    .map_or(0, |s| s.npy_len()),
+                (Some(v), NamedFile::Safetensors) => v.st_len,
+                (None, _) => 0,
+            },
             Some(Content::Text { kind, len }) => {
                 let known = len.load(Ordering::Relaxed);
                 if let TextKind::Hist(_) = kind {

@@ -36,9 +36,17 @@ pub fn render(tree: &Tree, ino: Ino, kind: TextKind, out: &mut dyn Write) -> fmt
         TextKind::ProgramJson => lazy_to_text(&program_json(model), out),
         TextKind::FlatTensorJson(f) => lazy_to_text(&flat_tensor_json(model, f), out),
         TextKind::PlanJson(p) => to_text(&plan_json(model, p), out),
-        TextKind::ValueJson(p, i) => to_text(&value_json(tree, ino, p, i), out),
+        TextKind::ValueJson(p, i) => {
+            to_text(&named(tree, ino, None, value_json(tree, ino, p, i)), out)
+        }
         TextKind::DelegateJson(p, j) => to_text(&delegate_json(model, p, j), out),
-        TextKind::NamedDataJson(f, k) => to_text(&named_data_json(tree, ino, f, k), out),
+        TextKind::NamedDataJson(f, k) => {
+            let key = model.named_data_keys(f).get(k).map(|k| (f, *k));
+            to_text(
+                &named(tree, ino, key, named_data_json(tree, ino, f, k)),
+                out,
+            )
+        }
         TextKind::Operators(p) => operators_txt(model, p, out),
         TextKind::Instructions(p) => instructions_txt(model, p, out),
         TextKind::PayloadHeader(p, j) => match tree.catalog.payloads.get(p, j) {
@@ -54,7 +62,7 @@ pub fn render(tree: &Tree, ino: Ino, kind: TextKind, out: &mut dyn Write) -> fmt
             None => Ok(()),
         },
         TextKind::PayloadValueJson(p, j, k) => match tree.catalog.payloads.get(p, j) {
-            Some(dec) => to_text(&dec.value_json(model, k), out),
+            Some(dec) => to_text(&named(tree, ino, None, dec.value_json(model, k)), out),
             None => to_text(&Value::Null, out),
         },
         TextKind::SizesTxt => match tree.sizes() {
@@ -74,11 +82,24 @@ pub fn render(tree: &Tree, ino: Ino, kind: TextKind, out: &mut dyn Write) -> fmt
             let svg = super::hist::render(tree, ino, of).map_err(|_| fmt::Error)?;
             out.write_str(&String::from_utf8_lossy(&svg))
         }
+        TextKind::NameJson(i) => match &tree.names {
+            Some(v) => to_text(&v.json(i), out),
+            None => to_text(&Value::Null, out),
+        },
         TextKind::SizesSvg => {
             let root = crate::sizes::blocks::root(&tree.catalog);
             out.write_str(&crate::picture::treemap::svg("where the bytes go", &root))
         }
     }
+}
+
+/// `v` with `"checkpoint_name"` added when the named views name the tensor its `.json`
+/// (`ino`) describes (docs/tree.md#named-views).
+fn named(tree: &Tree, ino: Ino, key: Option<(usize, &str)>, mut v: Value) -> Value {
+    if let (Some(name), Value::Object(m)) = (tree.checkpoint_name(ino, key), &mut v) {
+        m.insert("checkpoint_name".into(), json!(name));
+    }
+    v
 }
 
 /// The text of node `ino`, rendered into a new buffer (not cached).
