@@ -52,6 +52,10 @@ pub fn apply(req: &ApplyRequest, out: &mut dyn Write) -> Result<bulk::Summary> {
             eprintln!("ptefs: warning: {warning}");
         }
     } else {
+        let _members = super::claim_commit_members(
+            &paths.iter().map(|p| p.as_path()).collect::<Vec<_>>(),
+            claims::Holder::Apply,
+        )?;
         for p in &paths {
             recovery::recover(p, true)?;
         }

@@ -41,6 +41,34 @@ use crate::format::Model;
 use crate::fs::{Fs, Options};
 use crate::tree::{Ino, Tree, DEFAULT_MAX_NODES};
 
+/// Claims, for `holder`, the files of interrupted commits of several files that `paths`
+/// belong to but that are not among `paths`, and refuses those mounted: recovering one file
+/// finishes its whole commit, which may write each of them
+/// (docs/writes.md#commits-of-several-files). The claims are for the recovery only.
+pub fn claim_commit_members(
+    paths: &[&Path], holder: crate::host::claims::Holder,
+) -> Result<Vec<crate::host::claims::FileClaim>> {
+    use crate::edit::journal::{pending, Pending};
+    let mut claimed: Vec<PathBuf> = paths.iter().map(|p| p.to_path_buf()).collect();
+    let mut claims = Vec::new();
+    for path in paths {
+        // An unreadable journal is judged, and refused, by the recovery itself.
+        let Ok(Some(Pending::Whole { group, .. })) = pending(path) else {
+            continue;
+        };
+        for member in group {
+            let member = member.canonicalize().unwrap_or(member);
+            if claimed.contains(&member) || !member.exists() {
+                continue;
+            }
+            claims.push(crate::host::claims::claim_file(&member, holder)?);
+            crate::host::mounts::refuse_if_mounted(&member)?;
+            claimed.push(member);
+        }
+    }
+    Ok(claims)
+}
+
 /// The tree of `file` (with `data` attached), read-only, within the default node limit.
 pub fn open_fs(file: &Path, data: &[PathBuf]) -> Result<Fs> {
     open_fs_limited(file, data, DEFAULT_MAX_NODES)

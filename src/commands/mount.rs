@@ -374,7 +374,20 @@ pub fn mount(req: &MountRequest) -> Result<()> {
             ..SizeLimits::default()
         },
     };
-    for p in local() {
+    let local_paths: Vec<&Path> = local().map(PathBuf::as_path).collect();
+    let members = match crate::commands::claim_commit_members(
+        &local_paths,
+        claims::Holder::Mount(&mountpoint),
+    ) {
+        Ok(m) => Some(m),
+        Err(e) if read_only => {
+            // Nothing is recovered: another file of the commit is busy.
+            log::warn!("{e}: interrupted commits are left for a later mount or ptefs recover");
+            None
+        }
+        Err(e) => return Err(e),
+    };
+    for p in local().filter(|_| members.is_some()) {
         // Printed, unless the log itself goes to the terminal (foreground, or no syslog).
         if let Err(e) = recovery::recover(p, !req.foreground && !runtime_log) {
             if !read_only {
@@ -384,6 +397,8 @@ pub fn mount(req: &MountRequest) -> Result<()> {
             log::log!(e.level().min(log::Level::Warn), "{e}");
         }
     }
+    // The other files of a commit were claimed for its recovery only.
+    drop(members);
     if req.foreground {
         let tree = open_tree(&file, &data, read_only, max_nodes, names.as_deref())?;
         let warnings = warnings(&tree);

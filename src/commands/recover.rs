@@ -35,6 +35,10 @@ pub fn recover(file: &Path, data: &[PathBuf], out: &mut dyn Write) -> Result<()>
     for p in &paths {
         mounts::refuse_if_mounted(p)?;
     }
+    let _members = super::claim_commit_members(
+        &paths.iter().map(PathBuf::as_path).collect::<Vec<_>>(),
+        claims::Holder::Recover,
+    )?;
     let io = |e| Error::io("standard output", e);
     let mut failed: Vec<Error> = Vec::new();
     for p in &paths {
