@@ -9,7 +9,7 @@
 mod beside;
 pub mod bulk;
 mod direct;
-mod float;
+pub mod float;
 pub mod identity;
 pub mod journal;
 pub mod params;

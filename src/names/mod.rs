@@ -9,6 +9,7 @@
 //! - `map`: the name map (`ptefs names -o`), its JSON, and the digests that tie it to the
 //!   files it was learned on.
 //! - `report`: the human-readable report of a map.
+//! - `update`: updates by checkpoint name, as items of one bulk update.
 //!
 //! Invariants: nothing here writes a model file or loads a whole one into memory; what is
 //! read is bounded by the largest tensor (a fixed sample per stored tensor, windows of
@@ -21,6 +22,7 @@ pub mod matching;
 pub mod report;
 pub mod stored;
 pub mod transform;
+pub mod update;
 
 pub use checkpoint::{Adapter, Checkpoint};
 pub use map::NameMap;
