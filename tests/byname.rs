@@ -213,7 +213,7 @@ fn filters_land_through_their_axes_and_a_folded_one_is_refused() {
     let ck = checkpoint("names_conv_bn/model.safetensors");
     let c = copy("names_conv_bn");
     let map_path = c.root.join("names.json");
-    let before = learn(&c, &[ck.clone()], Some(&map_path)).unwrap();
+    let before = learn(&c, std::slice::from_ref(&ck), Some(&map_path)).unwrap();
     let ft = fine_tune(&ck, 0.05, 3);
     let named: Vec<_> = ft
         .iter()
@@ -256,7 +256,7 @@ fn refusals_name_every_problem_and_write_nothing() {
     let ck = checkpoint("names_llama/hf");
     let c = copy("names_llama");
     let map_path = c.root.join("names.json");
-    learn(&c, &[ck.clone()], Some(&map_path)).unwrap();
+    learn(&c, std::slice::from_ref(&ck), Some(&map_path)).unwrap();
     let files = |c: &Copied| -> Vec<Vec<u8>> {
         std::iter::once(&c.model)
             .chain(&c.data)
@@ -323,7 +323,7 @@ fn refusals_name_every_problem_and_write_nothing() {
         norms[0].3.clone(),
     ));
     let twice_ck = write(&c.root, "twice.safetensors", &twice);
-    let err = apply_to(&c, &twice_ck, &[twice_ck.clone()], false).unwrap_err();
+    let err = apply_to(&c, &twice_ck, std::slice::from_ref(&twice_ck), false).unwrap_err();
     assert!(
         err.contains("\"copy.of.norm\": ambiguous in the map"),
         "{err}"
