@@ -486,3 +486,24 @@ fn a_new_adapter_replaces_the_lora_weights_and_follows_its_scale() {
         "{err}"
     );
 }
+
+#[test]
+fn a_mount_takes_float_values_for_a_4_bit_constant_through_weights_safetensors() {
+    let (file, data) =
+        common::fixture_files(&common::fixtures_dir().join("extra/xnn_qb4_linear.pte.json"));
+    let c = copy_files(&file, &data);
+    let key = "bfb45e9e1bbc597e48ab249c4ce670290c70d146c73dfd0c6093f31a747aea8c";
+    // Eight times the constant's stored bytes: past the limit of its stored form alone.
+    let values: Vec<f32> = (0..256).map(|i| (i as f32 * 0.21).cos() * 0.3).collect();
+    let update = build(&[(key, "F32", vec![4, 64], bytes_of("F32", &values))]);
+    let fs = common::open(&c, false);
+    common::replace(&fs, "weights.safetensors", &update).unwrap();
+    drop(fs);
+    let got = stored_values(&c, "plans/forward/delegates/0/xnnpack/values/2");
+    for (a, b) in got.chunks(32).zip(values.chunks(32)) {
+        let step = b.iter().fold(0f32, |m, x| m.max(x.abs())) / 7.0;
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() <= 0.5 * step * 1.02 + 1e-6, "{x} for {y}");
+        }
+    }
+}
