@@ -485,8 +485,8 @@ def case_llama_lora_swap():
         if "lora_" not in name:
             continue
         for t in v["targets"]:
-            a = ours.stored(t["path"])
-            b = theirs.stored(t["path"])
+            a = ours.stored(t["path"])[0]
+            b = theirs.stored(t["path"])[0]
             factor = 2.0 if "lora_B" in name else 1.0
             worst = max(worst, float(np.abs(a - factor * b).max()))
     if worst != 0.0:
