@@ -28,6 +28,7 @@ fresh export over several decode steps takes one of these exports and its map.
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -166,14 +167,18 @@ def make_export(name):
         meta, how = llmlib.hf_to_meta("llama", hf, cfg)
         pte, ptd = os.path.join(d, "model.pte"), os.path.join(d, "model.ptd")
         llmlib.export(meta, llmlib.meta_params("llama", cfg), pte, foundation_ptd=ptd)
-        return Export(name, d, pte, [ptd], hf, meta, how, [os.path.join(d, "hf")], "llama")
+        x = Export(name, d, pte, [ptd], hf, meta, how, [os.path.join(d, "hf")], "llama")
+        x.cfg = cfg
+        return x
     if name == "qwen_hf":
         hf, cfg = llmlib.hf_checkpoint("qwen3", 102, tied=True, dtype="bfloat16")
         llmlib.write_hf_dir(os.path.join(d, "hf"), hf, cfg)
         meta, how = llmlib.hf_to_meta("qwen3", hf, cfg)
         pte, ptd = os.path.join(d, "model.pte"), os.path.join(d, "model.ptd")
         llmlib.export(meta, llmlib.meta_params("qwen3", cfg), pte, family="qwen3", quant="qc4", foundation_ptd=ptd)
-        return Export(name, d, pte, [ptd], hf, meta, how, [os.path.join(d, "hf")], "qwen3")
+        x = Export(name, d, pte, [ptd], hf, meta, how, [os.path.join(d, "hf")], "qwen3")
+        x.cfg = cfg
+        return x
     if name == "llama_lora":
         hf, cfg = llmlib.hf_checkpoint("llama", 103)
         llmlib.write_hf_dir(os.path.join(d, "hf"), hf, cfg)
@@ -189,8 +194,10 @@ def make_export(name):
             hf[k] = v
             how[k] = [(k, {"kind": "identity"})]
             meta[k] = v
-        return Export(name, d, pte, [foundation, lora], hf, meta, how,
-                      [os.path.join(d, "hf"), os.path.join(d, "adapter")], "llama")
+        x = Export(name, d, pte, [foundation, lora], hf, meta, how,
+                   [os.path.join(d, "hf"), os.path.join(d, "adapter")], "llama")
+        x.cfg = cfg
+        return x
     raise KeyError(name)
 
 
@@ -332,7 +339,164 @@ def case_llama_lora():
     return f"{summarize(the_map)}; adapter r={adapter['r']} alpha={adapter['lora_alpha']}"
 
 
-CASES = [case_llama_hf, case_qwen_hf, case_llama_lora]
+def fine_tuned(tensors, seed, size=0.02):
+    """Every float tensor of a checkpoint moved by noise of std `size` (a fine-tune), in its
+    own dtype."""
+    torch = llmlib._torch()
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for k, v in tensors.items():
+        if v.is_floating_point():
+            noise = torch.randn(v.shape, generator=gen, dtype=torch.float32) * size
+            out[k] = (v.to(torch.float32) + noise).to(v.dtype)
+        else:
+            out[k] = v
+    return out
+
+
+def apply_by_name(e, update, names):
+    cmd = [ARGS.ptefs, "apply", e.pte, update, "--names", names]
+    for p in e.ptds:
+        cmd += ["--data", p]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise Failure(f"ptefs apply --names: {r.stderr.strip()}")
+    return r.stdout
+
+
+def logits(pte, ptd, tokens):
+    """The runtime's logits for `tokens`, one decode step each (KV cache, teacher forced)."""
+    import torch
+
+    sys.path.insert(0, HERE)
+    import etlib
+
+    etlib.import_modules(["executorch.extension.llm.custom_ops.custom_ops", "executorch.kernels.quantized"])
+    from executorch.runtime import Runtime
+
+    program = Runtime.get().load_program(pte, data_path=ptd)
+    m = program.load_method("forward")
+    out = []
+    for i, t in enumerate(tokens):
+        r = m.execute((torch.tensor([[t]], dtype=torch.long), torch.tensor([i], dtype=torch.long)))
+        out.append(r[0].reshape(-1).to(torch.float64).numpy().copy())
+    return np.stack(out)
+
+
+STEPS = [3, 17, 101, 42, 7, 250]
+
+
+def compare_fine_tune(name, family, quant, seed):
+    """Apply a fine-tune of the export's checkpoint by name, then compare the runtime's
+    logits over every decode step with a fresh export of the fine-tune."""
+    e = exported(name)
+    the_map, _ = learn(e)
+    d = os.path.join(e.dir, "byname")
+    os.makedirs(d, exist_ok=True)
+    ft = fine_tuned(e.hf, seed)
+    # The copy the update is applied to, and the fresh export of the fine-tune.
+    pte, ptd = os.path.join(d, "model.pte"), os.path.join(d, "model.ptd")
+    shutil.copyfile(e.pte, pte)
+    shutil.copyfile(e.ptds[0], ptd)
+    names = os.path.join(d, "names.json")
+    shutil.copyfile(os.path.join(e.dir, "names.json"), names)
+    # The map names the files it was learned on: the copies have the same names.
+    update = os.path.join(d, "ft.safetensors")
+    llmlib.save_safetensors(ft, update, {"format": "pt"})
+    base = logits(pte, ptd, STEPS)
+    # The noise of re-quantizing alone: the unchanged checkpoint applied by name to another
+    # copy (ptefs's fresh max-abs scales against export_llm's own).
+    rq = os.path.join(d, "requant")
+    os.makedirs(rq, exist_ok=True)
+    rq_pte, rq_ptd = os.path.join(rq, "model.pte"), os.path.join(rq, "model.ptd")
+    shutil.copyfile(e.pte, rq_pte)
+    shutil.copyfile(e.ptds[0], rq_ptd)
+    shutil.copyfile(os.path.join(e.dir, "names.json"), os.path.join(rq, "names.json"))
+    same = os.path.join(rq, "same.safetensors")
+    llmlib.save_safetensors(e.hf, same, {"format": "pt"})
+    apply_by_name(Export(name, rq, rq_pte, [rq_ptd], None, None, None, None, family), same,
+                  os.path.join(rq, "names.json"))
+    requant = logits(rq_pte, rq_ptd, STEPS)
+    report = apply_by_name(Export(name, d, pte, [ptd], None, None, None, None, family), update, names)
+    ours = logits(pte, ptd, STEPS)
+    cfg = e.cfg
+    meta, _ = llmlib.hf_to_meta(family, ft, cfg)
+    fresh_pte, fresh_ptd = os.path.join(d, "fresh.pte"), os.path.join(d, "fresh.ptd")
+    llmlib.export(meta, llmlib.meta_params(family, cfg), fresh_pte, family=family, quant=quant, foundation_ptd=fresh_ptd)
+    fresh = logits(fresh_pte, fresh_ptd, STEPS)
+    scale = np.abs(fresh).max()
+    err = np.abs(ours - fresh).max(axis=1) / scale
+    moved = np.abs(base - fresh).max(axis=1) / scale
+    noise = np.abs(requant - base).max(axis=1) / np.abs(base).max()
+    # Both sides quantize the same fine-tuned weights to 4 bits, ptefs with fresh max-abs
+    # scales, export_llm with its own: they may differ as much as re-quantizing the unchanged
+    # checkpoint does (with a factor 2 of room, the noise differing between weights), and
+    # less than the fine-tune moved the logits.
+    if not (err.max() <= 2 * noise.max() and err.max() < moved.min()):
+        raise Failure(f"logits per step {np.round(err, 4).tolist()} of the largest away from the fresh export; "
+                      f"re-quantizing alone moves them {np.round(noise, 4).tolist()}; the fine-tune moved them {np.round(moved, 4).tolist()}")
+    changed = report.strip().splitlines()[-1]
+    return (f"{changed}; over {len(STEPS)} decode steps the logits are within {err.max():.3f} of the largest "
+            f"of a fresh export's (re-quantizing the unchanged checkpoint: up to {noise.max():.3f}; "
+            f"the fine-tune moved them {moved.min():.3f} to {moved.max():.3f})")
+
+
+def case_llama_hf_finetune():
+    """A fine-tune of the Llama applied by name (rotary-permuted q and k), against a fresh export."""
+    return compare_fine_tune("llama_hf", "llama", "8da4w", 201)
+
+
+def case_qwen_hf_finetune():
+    """A bfloat16 fine-tune of the Qwen applied by name (tied embedding), against a fresh export."""
+    return compare_fine_tune("qwen_hf", "qwen3", "qc4", 202)
+
+
+def case_llama_lora_swap():
+    """A new PEFT adapter (same rank, another alpha) applied by name into the LoRA export, against
+    a fresh export with that adapter: the adapter's weights compared where the export keeps them."""
+    e = exported("llama_lora")
+    the_map, _ = learn(e)
+    d = os.path.join(e.dir, "swap")
+    os.makedirs(d, exist_ok=True)
+    cfg = e.cfg
+    adapter, acfg = llmlib.peft_adapter(301, e.hf, cfg, alpha=8)
+    llmlib.write_adapter_dir(os.path.join(d, "adapter"), adapter, acfg)
+    pte = os.path.join(d, "model.pte")
+    foundation, lora = os.path.join(d, "foundation.ptd"), os.path.join(d, "lora.ptd")
+    for src, dst in zip([e.pte] + e.ptds, [pte, foundation, lora]):
+        shutil.copyfile(src, dst)
+    names = os.path.join(d, "names.json")
+    shutil.copyfile(os.path.join(e.dir, "names.json"), names)
+    report = apply_by_name(Export("swap", d, pte, [foundation, lora], None, None, None, None, "llama"),
+                           os.path.join(d, "adapter"), names)
+    if "lora_B multiplied by 2" not in report:
+        raise Failure(f"no rescale in the report: {report}")
+    meta, _ = llmlib.hf_to_meta("llama", {k: v for k, v in e.hf.items() if "lora_" not in k}, cfg)
+    fresh = os.path.join(d, "fresh")
+    os.makedirs(fresh, exist_ok=True)
+    llmlib.export(meta, llmlib.meta_params("llama", cfg), os.path.join(fresh, "model.pte"),
+                  adapter_dir=os.path.join(d, "adapter"), foundation_ptd=os.path.join(fresh, "foundation.ptd"),
+                  lora_ptd=os.path.join(fresh, "lora.ptd"))
+    # The fresh export multiplies B·A by 8/2 in its graph, ours by 4/2: ours holds B twice.
+    ours = Decoded(pte, [foundation, lora])
+    theirs = Decoded(os.path.join(fresh, "model.pte"), [os.path.join(fresh, "foundation.ptd"), os.path.join(fresh, "lora.ptd")])
+    worst = 0.0
+    for name, v in the_map["names"].items():
+        if "lora_" not in name:
+            continue
+        for t in v["targets"]:
+            a = ours.stored(t["path"])[0]
+            b = theirs.stored(t["path"])[0]
+            factor = 2.0 if "lora_B" in name else 1.0
+            worst = max(worst, float(np.abs(a - factor * b).max()))
+    if worst != 0.0:
+        raise Failure(f"adapter weights differ from the fresh export's by up to {worst}")
+    scale_line = [l for l in report.splitlines() if l.startswith("adapter:")][0]
+    return f"{report.strip().splitlines()[-1]}; every adapter weight equal to the fresh export's (lora_B times 2); {scale_line}"
+
+
+CASES = [case_llama_hf, case_qwen_hf, case_llama_lora, case_llama_hf_finetune, case_qwen_hf_finetune,
+         case_llama_lora_swap]
 
 
 def main():

@@ -171,13 +171,20 @@ enum Command {
     },
     /// Update many tensors at once from a safetensors file, without FUSE: every tensor it
     /// names (as the files' weights.safetensors name them) must exist with the same dtype
-    /// and shape; the changed ones are written in one journaled commit per file.
+    /// and shape, or be float values of a quantized constant's float32 view; with --names,
+    /// tensors named as a checkpoint names them. The changed ones are written in one
+    /// journaled commit per file.
     Apply {
         file: PathBuf,
         update: PathBuf,
         /// Attach a .ptd (repeatable): its tensors can be updated too.
         #[arg(long = "data", value_name = "PTD")]
         data: Vec<PathBuf>,
+        /// The update's tensors are named as in a checkpoint: a name map (ptefs names -o),
+        /// updated with the new digests after the write, or the checkpoint(s) to learn the
+        /// names from (repeatable: a base and its adapter).
+        #[arg(long = "names", value_name = "MAP|CHECKPOINT")]
+        names: Vec<PathBuf>,
         /// Check the update and say what it would change, writing nothing.
         #[arg(long)]
         dry_run: bool,
@@ -386,12 +393,14 @@ fn run(command: Command) -> ExitCode {
             file,
             update,
             data,
+            names,
             dry_run,
         } => {
             let req = ApplyRequest {
                 file,
                 data,
                 update,
+                names,
                 dry_run,
             };
             exit_code(apply(&req, &mut out).map(|_| ()))

@@ -26,6 +26,10 @@ pub struct WeightsFile {
     /// Where each entry's bytes start in the virtual file (after the header).
     starts: Vec<u64>,
     pub len: u64,
+    /// How many more bytes an update may hold than the tensors' own: float32 values for
+    /// the quantized constants (docs/writes.md#float-values-for-quantized-constants), at
+    /// most 8 bytes for each stored byte (two 4-bit values a byte).
+    float_room: u64,
 }
 
 /// dtype and shape of a tensor with a layout of its own.
@@ -63,12 +67,23 @@ fn blob_dtype(payloads: Option<&Payloads>, key: &str, nbytes: u64) -> (&'static 
     }
 }
 
+/// Whether a decoded payload reads named-data key `key` as a constant.
+fn read_as_constant(payloads: Option<&Payloads>, key: &str) -> bool {
+    payloads.is_some_and(|p| {
+        p.uses_of(key)
+            .iter()
+            .any(|u| u.blob.role == crate::backend::KeyRole::Constant)
+    })
+}
+
 /// A tensor of a file, before naming and sorting.
 struct Candidate {
     /// A name of its own: a fully qualified name or a key.
     name: Option<String>,
     /// Its tree path, the name when it has none of its own.
     path: String,
+    /// A blob a payload reads as its constant: an update may give its float32 values.
+    constant: bool,
     dtype: &'static str,
     shape: Vec<u64>,
     of: TensorId,
@@ -83,11 +98,12 @@ fn candidates(
 ) -> Vec<Candidate> {
     let mut out = Vec::new();
     let prefix = names.file_prefix(file);
-    let mut push = |name, path, (dtype, shape), of| {
+    let mut push = |name, path, (dtype, shape), of, constant| {
         if let Some((location, identity)) = sharing::locate(model, of) {
             out.push(Candidate {
                 name,
                 path,
+                constant,
                 dtype,
                 shape,
                 of,
@@ -114,7 +130,7 @@ fn candidates(
                     let fqn = crate::format::pte::value_fqn(plans, p, i);
                     let path = format!("plans/{}/values/{i}", names.plans[p]);
                     let dtype = tensor_dtype(&t.shape, loc.range.len());
-                    push(fqn, path, dtype, TensorId::value(p, i));
+                    push(fqn, path, dtype, TensorId::value(p, i), false);
                 }
             }
             for k in 0..layout.named_data.len() {
@@ -127,7 +143,8 @@ fn candidates(
                 };
                 let dtype = blob_dtype(payloads, &key, loc.range.len());
                 let path = format!("named_data/{}", names.named_data[file][k]);
-                push(Some(key), path, dtype, TensorId::key(file, k));
+                let constant = read_as_constant(payloads, &key);
+                push(Some(key), path, dtype, TensorId::key(file, k), constant);
             }
         }
         Kind::Ptd(_) => {
@@ -138,7 +155,14 @@ fn candidates(
                     None => blob_dtype(payloads, &blob.key, loc.range.len()),
                 };
                 let path = format!("{prefix}named_data/{}", names.named_data[file][k]);
-                push(Some(blob.key.clone()), path, dtype, TensorId::key(file, k));
+                let constant = blob.tensor.is_none() && read_as_constant(payloads, &blob.key);
+                push(
+                    Some(blob.key.clone()),
+                    path,
+                    dtype,
+                    TensorId::key(file, k),
+                    constant,
+                );
             }
         }
     }
@@ -194,6 +218,9 @@ impl WeightsFile {
             let key = |c: &Candidate| (c.location.file, c.location.range.start());
             (key(a), &a.path).cmp(&(key(b), &b.path))
         });
+        let float_room = kept.iter().filter(|c| c.constant).fold(0u64, |n, c| {
+            n.saturating_add(c.location.range.len().saturating_mul(7))
+        });
         let unique = dedupe(
             kept.iter()
                 .map(|c| c.name.clone().unwrap_or_else(|| c.path.clone())),
@@ -237,6 +264,7 @@ impl WeightsFile {
             entries,
             starts,
             len: at,
+            float_room,
         }
     }
 
@@ -245,14 +273,13 @@ impl WeightsFile {
     /// so past both no write can be part of a valid update.
     pub fn update_limit(&self, path: &str) -> (u64, String) {
         let bound = HeaderBound::of(&self.entries);
-        let data = self
-            .entries
-            .iter()
-            .fold(0u64, |n, e| n.saturating_add(e.location.range.len()));
+        let data = self.entries.iter().fold(self.float_room, |n, e| {
+            n.saturating_add(e.location.range.len())
+        });
         (
             data.saturating_add(8 + bound.bytes),
             format!(
-                "{path} takes a header of at most {} bytes for its {} tensor(s) and their {data} bytes",
+                "{path} takes a header of at most {} bytes for its {} tensor(s) and {data} bytes of values (their bytes, or float32 values of quantized constants)",
                 bound.bytes, bound.tensors
             ),
         )

@@ -117,7 +117,7 @@ fn refuse_overwriting(o: &Path, model: &Model, checkpoints: &[Checkpoint]) -> Re
 }
 
 /// Writes `bytes` to `path` through a new file beside it, renamed over it.
-fn write_replacing(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_replacing(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),

@@ -159,12 +159,71 @@ pub fn plan<'a>(
     }
     let at = header.data_offset as u64;
     let body = data.slice(at, data.len() - at)?;
+    Ok(Plan::InPlace {
+        writes: body_writes(catalog, plan, delegate, value, body)?,
+    })
+}
+
+/// The writes that make `body` (little-endian float32 values, as many as the float view
+/// of constant `value` of delegate (`plan`, `delegate`) has) its new value: what a
+/// `.f32.npy` write does with the array it holds, for bulk updates too
+/// (docs/writes.md#float-values-for-quantized-constants).
+pub fn body_writes(
+    catalog: &Catalog, plan: usize, delegate: usize, value: u32, body: Source,
+) -> Result<Vec<Write<'static>>> {
+    let model = &*catalog.model;
+    let dec = catalog.payloads.get(plan, delegate).ok_or_else(|| {
+        Error::new(
+            libc::ESTALE,
+            format!("plan {plan} delegate {delegate}: no decoded payload any more"),
+        )
+    })?;
+    let what = match dec
+        .payload
+        .value_index(value)
+        .and_then(|k| dec.payload.constant(k))
+    {
+        Some(c) => format!("%{value} ({})", c.what),
+        None => format!("%{value}"),
+    };
     let writes = dec
         .payload
         .plan_float_write(model, dec.location, value, body)?;
     refuse_shared(catalog, plan, delegate, dec.location, &what, &writes)?;
     refuse_several_files(model, &what, &writes)?;
-    Ok(Plan::InPlace {
-        writes: writes.into_iter().map(|w| into_write(model, w)).collect(),
+    Ok(writes.into_iter().map(|w| into_write(model, w)).collect())
+}
+
+/// A quantized payload constant whose float32 view a float array can be written to
+/// (re-quantized): the delegate (plan, delegate), the value's id, and the shape of its
+/// float view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FloatTarget {
+    pub plan: usize,
+    pub delegate: usize,
+    pub value: u32,
+    pub shape: Vec<u64>,
+}
+
+/// The quantized constant that named-data key `key` holds, when a float array written to
+/// it is re-quantized: the first value of a decoded payload that reads it as its constant.
+pub fn float_target(catalog: &Catalog, key: &str) -> Option<FloatTarget> {
+    let model = &*catalog.model;
+    let u = catalog
+        .payloads
+        .uses_of(key)
+        .iter()
+        .find(|u| u.blob.role == crate::backend::KeyRole::Constant)?;
+    let dec = catalog.payloads.get(u.plan, u.delegate)?;
+    let k = dec.payload.value_index(u.blob.value)?;
+    if !dec.payload.float_writable(k) {
+        return None;
+    }
+    let view = dec.float_view(model, k)?;
+    Some(FloatTarget {
+        plan: u.plan,
+        delegate: u.delegate,
+        value: u.blob.value,
+        shape: view.layout.shape(),
     })
 }

@@ -9,7 +9,7 @@
 mod beside;
 pub mod bulk;
 mod direct;
-mod float;
+pub mod float;
 pub mod group;
 pub mod identity;
 pub mod journal;

@@ -162,7 +162,7 @@ fn plan_target<'a>(catalog: &Catalog, target: &WriteTarget, data: Source<'a>) ->
         }
         WriteTarget::Weights { view } => {
             let hint = |t: &TensorInfo, mine: Option<&Entry>| weights_hint(catalog, *view, t, mine);
-            super::bulk::plan(model, &catalog.weights(*view).entries, data, Some(&hint))
+            super::bulk::plan(catalog, &catalog.weights(*view).entries, data, Some(&hint))
                 .map(|(p, _)| p)
         }
         WriteTarget::PayloadConstantF32 {

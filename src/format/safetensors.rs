@@ -218,6 +218,22 @@ impl HeaderBound {
             tensors: entries.len(),
         }
     }
+
+    /// The bound for updates of tensors named `names`, each with its number of dims (as a
+    /// checkpoint names them, with metadata of its own no larger than the names).
+    pub fn of_names<'n>(names: impl Iterator<Item = (&'n str, usize)>) -> HeaderBound {
+        let mut tensors = 0;
+        let bytes = names.fold(BOUND_FIXED, |n, (name, dims)| {
+            tensors += 1;
+            let name = escaped_len(name);
+            let entry = BOUND_PER_TENSOR + BOUND_PER_DIM * dims as u64 + name;
+            n.saturating_add(entry + BOUND_PER_METADATA + 2 * name)
+        });
+        HeaderBound {
+            bytes: bytes.min(MAX_HEADER),
+            tensors,
+        }
+    }
 }
 
 /// `n` bytes for a message: exact when small, else in KiB or MiB.

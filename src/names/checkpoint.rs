@@ -353,6 +353,11 @@ fn tensor_of(t: safetensors::TensorInfo, file: usize, data_start: u64) -> Tensor
     }
 }
 
+/// The adapter an `adapter_config.json` at `path` describes.
+pub fn read_adapter_config(path: &Path) -> Result<Adapter> {
+    adapter_config(path, &read_json(path)?)
+}
+
 /// The fields of `adapter_config.json` that names and writes need.
 fn adapter_config(path: &Path, json: &Value) -> Result<Adapter> {
     let rank = json

@@ -13,6 +13,7 @@
 //!   checkpoint learned from.
 //! - `view`: a map resolved against a model: each name read back in the checkpoint's
 //!   layout and dtype (the mount's `names/`, `ptefs diff --names`).
+//! - `update`: updates by checkpoint name, as items of one bulk update.
 //!
 //! Invariants: nothing here writes a model file or loads a whole one into memory; what is
 //! read is bounded by the largest tensor (a fixed sample per stored tensor, windows of
@@ -26,6 +27,7 @@ pub mod matching;
 pub mod report;
 pub mod stored;
 pub mod transform;
+pub mod update;
 pub mod view;
 
 pub use checkpoint::{Adapter, Checkpoint};

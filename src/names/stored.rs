@@ -55,6 +55,11 @@ pub struct Stored {
     /// The named-data key its bytes are, when they are one.
     pub key: Option<String>,
     pub reading: Reading,
+    /// The tensor a write of its bytes keeps apart from others sharing them (a plan value
+    /// or a named-data entry); None for bytes inside a delegate payload.
+    pub of: Option<TensorId>,
+    /// For a payload constant: its delegate (plan, delegate) and value id.
+    pub constant: Option<(usize, usize, u32)>,
 }
 
 impl Stored {
@@ -211,6 +216,7 @@ struct Dense {
     location: Location,
     identity: Identity,
     key: Option<String>,
+    of: TensorId,
 }
 
 /// Element type and memory-order shape of a tensor whose bytes are `nbytes`, when its
@@ -257,6 +263,7 @@ pub fn stored_tensors(catalog: &Catalog) -> Vec<Stored> {
                     location,
                     identity,
                     key,
+                    of: TensorId::value(p, i),
                 });
             }
         }
@@ -287,6 +294,7 @@ pub fn stored_tensors(catalog: &Catalog) -> Vec<Stored> {
                 location,
                 identity,
                 key: Some(blob.key.clone()),
+                of: TensorId::key(f, k),
             });
         }
     }
@@ -318,6 +326,8 @@ pub fn stored_tensors(catalog: &Catalog) -> Vec<Stored> {
                         location: d.location,
                         elem: d.elem,
                     },
+                    of: Some(d.of),
+                    constant: None,
                 });
             }
         }
@@ -370,6 +380,10 @@ pub fn stored_tensors(catalog: &Catalog) -> Vec<Stored> {
                 Some(&at) => out[at].also.push(path),
                 None => {
                     seen.insert((data, scales, shape.clone()), out.len());
+                    let of = key
+                        .as_deref()
+                        .and_then(|k| model.named_blob(k))
+                        .map(|(f, index, _)| TensorId::key(f, index));
                     out.push(Stored {
                         path,
                         also: Vec::new(),
@@ -378,6 +392,8 @@ pub fn stored_tensors(catalog: &Catalog) -> Vec<Stored> {
                         file: data.file,
                         key,
                         reading,
+                        of,
+                        constant: Some((p, j, payload.value_id(k))),
                     });
                 }
             }
