@@ -93,12 +93,14 @@ fn npy_as_header(map: &NameMap, entry: usize, data: Source) -> Result<Header> {
         "<f2" => "F16",
         "<f4" => "F32",
         "<f8" => "F64",
-        other => return Err(Error::invalid(format!(
+        other => {
+            return Err(Error::invalid(format!(
             ".npy dtype {other:?}: expected float values ('<f2', '<f4' or '<f8') for {} ({} {:?})",
             quote::name(&n.name),
             n.dtype,
             n.shape
-        ))),
+        )))
+        }
     };
     if !h.is_c_order() {
         return Err(Error::invalid(
