@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use common::mount::{py, run, text, Mount, BIN};
+use common::mount::{py, py_errno, run, text, Mount, BIN};
 use common::safetensors::build;
 use common::{copy_files, fuse_missing, Copied};
 use ptefs::commands::{names, NamesRequest};
@@ -224,18 +224,12 @@ print(err)
     let svg = std::fs::read(m.path(&format!("names/{q}.hist.svg"))).unwrap();
     assert_eq!(svg.len(), 24 * 1024);
     assert!(String::from_utf8_lossy(&svg).contains("rotary hf_to_meta"));
-    // Named files are read-only.
+    // Named files are writable (docs/tree.md#named-views), their .json is not.
     let err = std::fs::OpenOptions::new()
         .write(true)
-        .open(m.path(&format!("names/{q}.npy")))
+        .open(m.path(&format!("names/{q}.json")))
         .unwrap_err();
-    assert!(
-        matches!(
-            err.raw_os_error(),
-            Some(libc::EACCES | libc::EPERM | libc::EROFS)
-        ),
-        "{err}"
-    );
+    assert_eq!(err.raw_os_error(), Some(libc::EACCES), "{err}");
     m.umount();
 }
 
@@ -522,4 +516,187 @@ fn diff_names_of_two_models() {
         .collect();
     assert_eq!(changed.len(), 1, "{}", v["summary"]);
     assert_eq!(changed[0]["paired_by"], "checkpoint_name");
+}
+
+/// SHA-256 of every file of `c` and the map beside it.
+fn digests(c_model: &Path, c_data: &[PathBuf]) -> Vec<String> {
+    std::iter::once(c_model)
+        .chain(c_data.iter().map(PathBuf::as_path))
+        .map(|p| {
+            let out = run(Command::new("sha256sum").arg(p));
+            text(&out.stdout)
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
+/// Writes by name through a real mount (docs/writes.md#writing-through-the-named-views):
+/// refusals (a name the map lacks, a shape other than the checkpoint's, a NaN) change
+/// nothing and say why in `errors`; a rotary-permuted 4-bit q written as a `.npy` and a
+/// BF16 k written into `names.safetensors` read back by name within re-quantization, the
+/// map's digests follow the files, and the files are byte for byte what `ptefs apply
+/// --names` makes of the same values on a copy.
+#[test]
+fn writes_by_name_through_a_mount_commit_as_apply_names_does() {
+    if fuse_missing() {
+        return;
+    }
+    let hf = checkpoints("names_llama/hf");
+    let c = copied("names_llama");
+    let twin = copied("names_llama");
+    let (map_path, map) = learn_map(&c, &hf);
+    let (twin_map, _) = learn_map(&twin, &hf);
+    let q = "model.layers.0.self_attn.q_proj.weight";
+    let k = "model.layers.0.self_attn.k_proj.weight";
+    for n in [q, k] {
+        assert!(
+            matches!(map.name(n).unwrap().status, Status::Matched { .. }),
+            "{n}"
+        );
+    }
+    let work = c.root.join("work");
+    std::fs::create_dir(&work).unwrap();
+    // New values: the checkpoint's, moved by noise; refusals' files beside them.
+    let (ok, out, err) = py(
+        r#"
+import sys, os, json, struct, numpy as np
+from safetensors.numpy import load_file
+hf, work, q, k = sys.argv[1:5]
+index = json.load(open(os.path.join(hf, "model.safetensors.index.json")))["weight_map"]
+ck = lambda n: load_file(os.path.join(hf, index[n]))[n]
+rng = np.random.default_rng(7)
+qn = (ck(q) + 0.5 * ck(q).std() * rng.standard_normal(ck(q).shape)).astype(np.float32)
+kn = (ck(k) + 0.5 * ck(k).std() * rng.standard_normal(ck(k).shape)).astype(np.float32)
+kb = (kn.view(np.uint32) >> 16).astype(np.uint16)
+np.save(os.path.join(work, "q.npy"), qn)
+np.save(os.path.join(work, "k_bf16_as_f32.npy"), (kb.astype(np.uint32) << 16).view(np.float32))
+np.save(os.path.join(work, "wide.npy"), np.zeros((qn.shape[0], qn.shape[1] // 2), np.float32))
+bad = qn.copy(); bad[3, 5] = np.nan
+np.save(os.path.join(work, "nan.npy"), bad)
+def st(path, tensors):
+    h, off, body = {}, 0, b""
+    for name, dtype, arr in tensors:
+        b = arr.tobytes()
+        h[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
+        off += len(b); body += b
+    j = json.dumps(h).encode(); j += b" " * (-len(j) % 8)
+    open(path, "wb").write(struct.pack("<Q", len(j)) + j + body)
+st(os.path.join(work, "k.safetensors"), [(k, "BF16", kb)])
+st(os.path.join(work, "both.safetensors"), [(q, "F32", qn), (k, "BF16", kb)])
+st(os.path.join(work, "stranger.safetensors"), [(k, "BF16", kb), ("model.nope.weight", "F32", qn)])
+"#,
+        &[arg(&hf), arg(&work), q, k],
+    );
+    assert!(ok, "{out}{err}");
+    let Copied {
+        dir, model, data, ..
+    } = c;
+    let mut m = Mount::unmounted(
+        dir,
+        model.clone(),
+        data.clone(),
+        &["--names", arg(&map_path)],
+    );
+    m.mount();
+    let before = digests(&model, &data);
+    let map_before = std::fs::read(&map_path).unwrap();
+    let write = |from: &str, to: &str| {
+        py_errno(
+            "with open(sys.argv[2], 'wb') as f: f.write(open(sys.argv[1], 'rb').read())",
+            &[arg(&work.join(from)), arg(&m.path(to))],
+        )
+    };
+    let q_npy = format!("names/{q}.npy");
+    for (from, to, why) in [
+        (
+            "stranger.safetensors",
+            "names.safetensors",
+            "\"model.nope.weight\": not a name of the map",
+        ),
+        ("wide.npy", q_npy.as_str(), "expected shape [64, 64]"),
+        (
+            "nan.npy",
+            q_npy.as_str(),
+            "element 197 (NaN) is not a finite value",
+        ),
+    ] {
+        assert_eq!(write(from, to), "EINVAL", "{from}");
+        let errors = std::fs::read_to_string(m.path("errors")).unwrap();
+        assert!(errors.contains(why), "{from}: {errors}");
+    }
+    assert_eq!(digests(&model, &data), before);
+    assert_eq!(std::fs::read(&map_path).unwrap(), map_before);
+
+    // The q, then the k, each through its own file.
+    let out = run(Command::new("cp")
+        .arg(work.join("q.npy"))
+        .arg(m.path(&q_npy)));
+    assert!(out.status.success(), "cp: {}", text(&out.stderr));
+    let out = run(Command::new("cp")
+        .arg(work.join("k.safetensors"))
+        .arg(m.path("names.safetensors")));
+    assert!(out.status.success(), "cp: {}", text(&out.stderr));
+    let (ok, out, err) = py(
+        r#"
+import sys, numpy as np
+from safetensors.numpy import load_file
+work, q_npy, k_npy, st, q, k = sys.argv[1:7]
+for new, back in [(np.load(work + "/q.npy"), np.load(q_npy)),
+                  (np.load(work + "/k_bf16_as_f32.npy"), np.load(k_npy))]:
+    # 4-bit groups with bfloat16 scales: within a step of the whole range (range / 15),
+    # while the noise moved values by half their spread.
+    err = np.abs(back - new).max()
+    assert err <= (new.max() - new.min()) / 15, (err, new.max() - new.min())
+every = load_file(st)
+assert np.array_equal(every[q], np.load(q_npy))
+assert np.array_equal(every[k], np.load(k_npy))
+"#,
+        &[
+            arg(&work),
+            arg(&m.path(&q_npy)),
+            arg(&m.path(&format!("names/{k}.npy"))),
+            arg(&m.path("names.safetensors")),
+            q,
+            k,
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    m.umount();
+    let after = digests(&model, &data);
+    assert_ne!(after, before);
+    // The map file now holds the files' new digests.
+    let now = NameMap::read(&map_path).unwrap();
+    let recorded: Vec<String> = now
+        .files
+        .iter()
+        .map(|f| f.sha256.clone().unwrap())
+        .collect();
+    assert_eq!(recorded, after);
+
+    // `ptefs apply --names` of the same values on the copy: the same bytes, the same map.
+    let req = ptefs::commands::ApplyRequest {
+        file: twin.model.clone(),
+        data: twin.data.clone(),
+        update: work.join("both.safetensors"),
+        names: vec![twin_map.clone()],
+        dry_run: false,
+    };
+    ptefs::commands::apply(&req, &mut Vec::new()).unwrap();
+    for (a, b) in std::iter::once(&model)
+        .chain(&data)
+        .zip(std::iter::once(&twin.model).chain(&twin.data))
+    {
+        assert!(
+            std::fs::read(a).unwrap() == std::fs::read(b).unwrap(),
+            "{}",
+            a.display()
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(&map_path).unwrap(),
+        std::fs::read_to_string(&twin_map).unwrap()
+    );
 }

@@ -203,8 +203,7 @@ pub fn apply(req: &ApplyRequest, out: &mut dyn Write) -> Result<bulk::Summary> {
         }
         Some(names) => {
             let map = names.map();
-            let bound =
-                HeaderBound::of_names(map.names.iter().map(|n| (n.name.as_str(), n.shape.len())));
+            let bound = crate::names::update::header_bound(map);
             let header =
                 bulk::read_header(source, &bound).map_err(|e| e.context(update_path.display()))?;
             let adapter = new_adapter(map, &update_path)?;
@@ -232,10 +231,10 @@ pub fn apply(req: &ApplyRequest, out: &mut dyn Write) -> Result<bulk::Summary> {
                 ));
             }
         }
-        let changed = !plan.files().is_empty();
+        let written = plan.files();
         edit::commit_plan(model, plan, || (), &claims)?;
-        if let (true, Some(Names::File(path, map))) = (changed, &names) {
-            update_map(path, map, &file, &data)?;
+        if let (false, Some(Names::File(path, map))) = (written.is_empty(), &names) {
+            update_map(path, map, &file, &data, &written)?;
         }
     }
     for note in &notes {
@@ -246,17 +245,16 @@ pub fn apply(req: &ApplyRequest, out: &mut dyn Write) -> Result<bulk::Summary> {
 }
 
 /// Replaces the map at `path` with `map` holding the digests of the files as they are now
-/// (still claimed: as this command wrote them).
-fn update_map(path: &Path, map: &NameMap, file: &Path, data: &[PathBuf]) -> Result<()> {
+/// (still claimed: as this command wrote them). Only the files the commit wrote are hashed
+/// again: the others were checked against the map's digests before the commit, under the
+/// same claims.
+fn update_map(
+    path: &Path, map: &NameMap, file: &Path, data: &[PathBuf], written: &[usize],
+) -> Result<()> {
     let model = Model::open(file, data)?;
     let mut map = map.clone();
-    for (f, m) in map.files.iter_mut().zip(&model.files) {
-        f.size = m.len();
-    }
-    map.compute_digests(&model)?;
-    let mut text = serde_json::to_vec_pretty(&map.to_json()?).expect("JSON of strings and numbers");
-    text.push(b'\n');
-    super::names::write_replacing(path, &text)
+    crate::names::update::record_digests(&mut map, &model, written)?;
+    crate::names::map::save_replacing(path, &map, &model)
         .map_err(|e| e.context("the files were written, the map was not updated"))
 }
 

@@ -373,6 +373,10 @@ pub fn mount(req: &MountRequest) -> Result<()> {
             max_file_size: req.max_file_size.or(own.max_file_size),
             ..SizeLimits::default()
         },
+        names_file: names
+            .as_deref()
+            .filter(|p| crate::names::given::is_map(p))
+            .map(Path::to_path_buf),
     };
     let local_paths: Vec<&Path> = local().map(PathBuf::as_path).collect();
     let members = match crate::commands::claim_commit_members(

@@ -9,8 +9,6 @@
 //! and when a map does not fit the files.
 
 use std::io::Write;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -19,6 +17,7 @@ use crate::catalog::Catalog;
 use crate::edit::recovery::interrupted_commits;
 use crate::error::{Error, Result};
 use crate::format::Model;
+use crate::names::map::write_replacing;
 use crate::names::{learn, report, stored_tensors, Checkpoint, NameMap};
 
 /// What `ptefs names` was asked.
@@ -112,42 +111,6 @@ fn refuse_overwriting(o: &Path, model: &Model, checkpoints: &[Checkpoint]) -> Re
                 input.display()
             )));
         }
-    }
-    Ok(())
-}
-
-/// Writes `bytes` to `path` through a new file beside it, renamed over it.
-pub(crate) fn write_replacing(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .ok_or_else(|| Error::invalid(format!("-o {}: not a file name", path.display())))?;
-    let mut bits = [0u8; 8];
-    // SAFETY: a buffer of the given length.
-    if unsafe { libc::getrandom(bits.as_mut_ptr().cast(), bits.len(), 0) } != 8 {
-        return Err(Error::io("getrandom", std::io::Error::last_os_error()));
-    }
-    let mut tmp_name = b".".to_vec();
-    tmp_name.extend_from_slice(name.as_bytes());
-    tmp_name.extend_from_slice(format!(".{:016x}", u64::from_ne_bytes(bits)).as_bytes());
-    let tmp = dir.join(std::ffi::OsStr::from_bytes(&tmp_name));
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&tmp)
-        .map_err(|e| Error::io(tmp.display(), e))?;
-    let written = file
-        .write_all(bytes)
-        .and_then(|()| file.sync_all())
-        .and_then(|()| std::fs::rename(&tmp, path));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(Error::io(path.display(), e));
     }
     Ok(())
 }

@@ -84,10 +84,12 @@ fn finished(warnings: Warnings) -> Vec<String> {
 }
 
 /// How a mount serves its tree: read-only or not, and the sizes writes may take.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Settings {
     pub read_only: bool,
     pub limits: SizeLimits,
+    /// The name map file of `--names MAP`, replaced after each write by name.
+    pub names_file: Option<std::path::PathBuf>,
 }
 
 /// Mounts `tree` on `mountpoint`, reports through `ready` once the mount is live, with
@@ -96,7 +98,11 @@ pub fn serve(
     tree: Tree, settings: Settings, config: &Config, mountpoint: &Path, ready: Ready,
     warnings: Warnings, claims: Vec<FileClaim>,
 ) -> Result<()> {
-    let Settings { read_only, limits } = settings;
+    let Settings {
+        read_only,
+        limits,
+        names_file,
+    } = settings;
     // Signals go to the signal thread only: block them before any thread starts.
     let set = signal_set();
     // SAFETY: changes this thread's mask; threads started later inherit it.
@@ -107,6 +113,7 @@ pub fn serve(
     let fs = Arc::new(
         Fs::with_invalidator(tree, Options { read_only }, Arc::new(notices))
             .with_size_limits(limits)
+            .with_names_file(names_file)
             .watched_by(claims.clone())
             .with_errors_file(),
     );

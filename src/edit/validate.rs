@@ -214,6 +214,11 @@ fn plan_target<'a>(catalog: &Catalog, target: &WriteTarget, data: Source<'a>) ->
                 change,
             })
         }
+        // Planned against the name map (`names::update::plan_write`), which this layer
+        // does not hold.
+        WriteTarget::NameNpy { .. } | WriteTarget::NamesSafetensors => Err(Error::invalid(
+            "a file of the named views is written by name, against the name map",
+        )),
         WriteTarget::DelegatePayload { plan, delegate } => {
             let layout = model
                 .pte_layout

@@ -61,6 +61,13 @@ pub enum WriteTarget {
         /// The value's id.
         value: u32,
     },
+    /// `names/<name>.npy` of name `name` of the named views (docs/tree.md#named-views): a
+    /// float `.npy` in the checkpoint's shape, written where the name map says the tensor
+    /// is stored, as `ptefs apply --names` writes it.
+    NameNpy { name: usize },
+    /// `names.safetensors`: a safetensors file naming any subset of the map's names, in
+    /// the checkpoint's shapes and float dtypes, all written in one commit.
+    NamesSafetensors,
 }
 
 /// Which tensors a `weights.safetensors` shows (docs/tree.md#weightssafetensors).
@@ -148,6 +155,13 @@ impl WriteTarget {
                 current.saturating_add(NPY_HEADER_MAX),
                 format!("{path} holds a .npy header and the float32 view it shows"),
             ),
+            // The named views bound these more closely (`NamedViews::update_limit`).
+            WriteTarget::NameNpy { .. } | WriteTarget::NamesSafetensors => (
+                current
+                    .saturating_mul(4)
+                    .saturating_add(super::safetensors::MAX_HEADER),
+                format!("{path} holds a header and the float values of the names it shows"),
+            ),
         }
     }
 
@@ -173,6 +187,8 @@ impl WriteTarget {
             WriteTarget::Weights {
                 view: WeightsView::Root,
             } => Vec::new(),
+            // Wherever the map says the names are stored: the caller lists the files.
+            WriteTarget::NameNpy { .. } | WriteTarget::NamesSafetensors => Vec::new(),
         }
     }
 }

@@ -137,16 +137,22 @@ impl Fs {
         }
         let target = self.write_target(&tree, ino)?;
         let path = tree.path(ino);
-        let plan = match edit::validate::plan(&tree.catalog, target, data) {
+        let map = tree.names.as_deref().map(|v| &v.map);
+        let plan = match crate::names::update::plan_file(&tree.catalog, map, target, data) {
             Ok(plan) => plan,
             Err(_) if invalid == Invalid::Wait => return Ok(None),
             Err(e) => return Err(e.context(&path)),
         };
         // Readers of the mapped bytes wait while they change in place (see `read_with`).
         let exclusive = || self.gate.write().unwrap_or_else(|e| e.into_inner());
+        let written = plan.files();
         let outcome = edit::identity::separate(&tree.model, plan)
             .and_then(|plan| edit::commit_plan(&tree.model, plan, exclusive, &*self.watcher))
             .map_err(|e| e.context(&path))?;
+        self.stale_digests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(written);
         let mut inval = invalidations(&tree, &outcome);
         if outcome_keeps_structure(&tree, &outcome) {
             // Handles opened before see that these changed (see `external`).
@@ -179,9 +185,46 @@ impl Fs {
             self.replace_tree(new_tree);
             self.changes.all_changed();
         }
+        if crate::names::update::is_by_name(target) {
+            self.follow_digests(&path);
+        }
         self.refusals.clear(ino);
         log::info!("committed {path} ({} bytes, {outcome:?})", data.len());
         Ok(Some(inval))
+    }
+
+    /// After a write by name: the named views' map gets the digests of the files commits
+    /// wrote since it last got them, and a map given as a file is replaced with it. The
+    /// commit is done whatever happens here, so a failure is logged, not returned.
+    fn follow_digests(&self, path: &str) {
+        let tree = self.tree();
+        let Some(views) = tree.names.as_deref() else {
+            return;
+        };
+        let mut stale = self.stale_digests.lock().unwrap_or_else(|e| e.into_inner());
+        stale.sort_unstable();
+        stale.dedup();
+        let mut map = views.map.clone();
+        let updated = crate::names::update::record_digests(&mut map, &tree.model, &stale)
+            .and_then(|()| crate::names::NamedViews::resolve(&tree.catalog, map.clone()));
+        let views = match updated {
+            Ok(v) => v,
+            Err(e) => {
+                log::error!("{path}: written, but the name map's digests were not updated: {e}");
+                return;
+            }
+        };
+        stale.clear();
+        drop(stale);
+        if let Some(file) = &self.names_file {
+            if let Err(e) = crate::names::map::save_replacing(file, &map, &tree.model) {
+                log::error!(
+                    "{path}: written, but the name map {} was not updated: {e}",
+                    file.display()
+                );
+            }
+        }
+        self.replace_tree(Tree::of_named(tree.catalog.clone(), Some(Arc::new(views))));
     }
 
     pub(super) fn not_writable(&self, tree: &Tree, ino: Ino) -> Error {

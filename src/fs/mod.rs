@@ -150,6 +150,11 @@ pub struct Fs {
     errors_file: bool,
     /// Changes of the files' bytes, for handles and for changes made behind the mount.
     changes: external::Changes,
+    /// The name map file the named views were read from (`--names MAP`): replaced with the
+    /// new digests after each write by name (docs/writes.md#writing-through-the-named-views).
+    names_file: Option<std::path::PathBuf>,
+    /// Model files commits wrote since the named views' map last got their digests.
+    stale_digests: std::sync::Mutex<Vec<crate::format::layout::FileIndex>>,
 }
 
 /// The identity of each model file of `tree`.
@@ -192,7 +197,16 @@ impl Fs {
             refusals: Default::default(),
             errors_file: false,
             changes: Default::default(),
+            names_file: None,
+            stale_digests: Default::default(),
         }
+    }
+
+    /// Replaces the name map file at `path` after each write by name (a mount's `--names
+    /// MAP`; not a checkpoint).
+    pub fn with_names_file(mut self, path: Option<std::path::PathBuf>) -> Fs {
+        self.names_file = path;
+        self
     }
 
     /// Shows the `errors` file at the root (see `refusals`).

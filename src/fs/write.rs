@@ -109,9 +109,11 @@ impl Fs {
         let target = self.write_target(tree, ino)?;
         let path = tree.path(ino);
         let current = tree.size(ino);
-        let (limit, why) = match target {
-            WriteTarget::Weights { view } => tree.weights(*view).update_limit(&path),
-            _ => target.size_limit(&path, current, self.spill.limits.max_file_size),
+        let (limit, why) = match (target, tree.names.as_deref()) {
+            (WriteTarget::Weights { view }, _) => tree.weights(*view).update_limit(&path),
+            (WriteTarget::NameNpy { name }, Some(v)) => v.update_limit(Some(*name), &path),
+            (WriteTarget::NamesSafetensors, Some(v)) => v.update_limit(None, &path),
+            (target, _) => target.size_limit(&path, current, self.spill.limits.max_file_size),
         };
         // Content of another size for a blob or a payload is a re-layout of its file.
         let relayout = match target {

@@ -8,8 +8,10 @@
 //! `MAX_MAP` bytes. `check_files` refuses a map whose files are not, byte for byte, the ones
 //! at hand.
 
-use std::io::Read;
-use std::os::unix::fs::FileExt;
+use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
@@ -768,4 +770,57 @@ fn parse_name(name: &str, v: &Value, nfiles: usize, ncheckpoints: usize) -> Pars
         shape: dims(v, "shape")?,
         status,
     })
+}
+
+/// Writes `bytes` to `path` through a new file beside it, renamed over it.
+pub fn write_replacing(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| Error::invalid(format!("-o {}: not a file name", path.display())))?;
+    let mut bits = [0u8; 8];
+    // SAFETY: a buffer of the given length.
+    if unsafe { libc::getrandom(bits.as_mut_ptr().cast(), bits.len(), 0) } != 8 {
+        return Err(Error::io("getrandom", std::io::Error::last_os_error()));
+    }
+    let mut tmp_name = b".".to_vec();
+    tmp_name.extend_from_slice(name.as_bytes());
+    tmp_name.extend_from_slice(format!(".{:016x}", u64::from_ne_bytes(bits)).as_bytes());
+    let tmp = dir.join(std::ffi::OsStr::from_bytes(&tmp_name));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&tmp)
+        .map_err(|e| Error::io(tmp.display(), e))?;
+    let written = file
+        .write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(Error::io(path.display(), e));
+    }
+    Ok(())
+}
+
+/// Replaces the map file at `path` with `map` (a new file beside it, renamed over it),
+/// refusing when `path` is one of `model`'s files: a map given for a model is never one.
+pub fn save_replacing(path: &Path, map: &NameMap, model: &Model) -> Result<()> {
+    if let Ok(target) = path.canonicalize() {
+        let same = |f: &ModelFile| f.path.canonicalize().is_ok_and(|p| p == target);
+        if model.files.iter().any(same) {
+            return Err(Error::invalid(format!(
+                "{}: that is a model file, not a name map",
+                path.display()
+            )));
+        }
+    }
+    let mut text = serde_json::to_vec_pretty(&map.to_json()?).expect("JSON of strings and numbers");
+    text.push(b'\n');
+    write_replacing(path, &text)
 }

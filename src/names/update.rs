@@ -26,10 +26,125 @@ use super::transform::IndexMap;
 use crate::backend::float16::{f32_to_bf16, f32_to_f16};
 use crate::catalog::Catalog;
 use crate::content::{Bytes, Source};
-use crate::edit::bulk::{Content, FloatTarget, Item, MISMATCHES_SHOWN};
+use crate::edit::bulk::{self, Content, FloatTarget, Item, Summary, MISMATCHES_SHOWN};
+use crate::edit::Plan;
 use crate::error::{Error, Result};
-use crate::format::safetensors::{Header, TensorInfo};
+use crate::format::layout::FileIndex;
+use crate::format::safetensors::{Header, HeaderBound, TensorInfo};
+use crate::format::{npy, Model, WriteTarget};
 use crate::quote;
+
+/// The plan for `data` as the new content of a file of the named views (`target`:
+/// `names/<name>.npy` or `names.safetensors`, docs/tree.md#named-views), made as `ptefs apply
+/// --names` makes it: the same checks, items and planning, then the quantization
+/// parameters the new bytes land on (`edit::params`).
+pub fn plan_write<'a>(
+    catalog: &Catalog, map: &NameMap, target: &WriteTarget, data: Source<'a>,
+) -> Result<(Plan<'a>, Summary)> {
+    let header = match target {
+        WriteTarget::NamesSafetensors => bulk::read_header(data, &header_bound(map))?,
+        WriteTarget::NameNpy { name } => npy_as_header(map, *name, data)?,
+        _ => return Err(Error::invalid("not a file of the named views")),
+    };
+    let by = ByName::check(catalog, map, &header, None)?;
+    let (plan, summary) = bulk::plan_items(catalog, by.items(catalog, &header, data))?;
+    crate::edit::params::check(catalog, &plan)?;
+    Ok((plan, summary))
+}
+
+/// The plan for `data` as the new content of any writable file of a tree whose named views
+/// (if any) come from `map`: files of the named views by name (`plan_write`), every other
+/// file as `edit::validate` plans it.
+pub fn plan_file<'a>(
+    catalog: &Catalog, map: Option<&NameMap>, target: &WriteTarget, data: Source<'a>,
+) -> Result<Plan<'a>> {
+    match (target, map) {
+        (WriteTarget::NameNpy { .. } | WriteTarget::NamesSafetensors, Some(map)) => {
+            plan_write(catalog, map, target, data).map(|(plan, _)| plan)
+        }
+        _ => crate::edit::validate::plan(catalog, target, data),
+    }
+}
+
+/// Whether a write to `target` is a write by name, after which the map's digests follow the
+/// files (docs/writes.md#writing-through-the-named-views).
+pub fn is_by_name(target: &WriteTarget) -> bool {
+    matches!(
+        target,
+        WriteTarget::NameNpy { .. } | WriteTarget::NamesSafetensors
+    )
+}
+
+/// How large a safetensors header naming `map`'s names may be.
+pub fn header_bound(map: &NameMap) -> HeaderBound {
+    HeaderBound::of_names(map.names.iter().map(|n| (n.name.as_str(), n.shape.len())))
+}
+
+/// A `.npy` written to `names/<name>.npy` of name `entry`, as the one-tensor safetensors
+/// header `ByName` checks: a float type (f2, f4, f8, little-endian), in C order, of the
+/// checkpoint's shape (`ByName::check` says when it is not).
+fn npy_as_header(map: &NameMap, entry: usize, data: Source) -> Result<Header> {
+    let n = map
+        .names
+        .get(entry)
+        .ok_or_else(|| Error::invalid(format!("the map has no name {entry}")))?;
+    let h = npy::parse_header(&data.head(npy::MAX_HEADER_LEN.min(data.len()))?)?;
+    let dtype = match h.descr.as_str() {
+        "<f2" => "F16",
+        "<f4" => "F32",
+        "<f8" => "F64",
+        other => {
+            return Err(Error::invalid(format!(
+            ".npy dtype {other:?}: expected float values ('<f2', '<f4' or '<f8') for {} ({} {:?})",
+            quote::name(&n.name),
+            n.dtype,
+            n.shape
+        )))
+        }
+    };
+    if !h.is_c_order() {
+        return Err(Error::invalid(
+            ".npy is in Fortran order: expected C order (save np.ascontiguousarray(a))",
+        ));
+    }
+    let size = Elem::of_safetensors(dtype).map_or(4, Elem::size);
+    let start = h.data_offset as u64;
+    let body = data.len().saturating_sub(start);
+    let need = h
+        .shape
+        .iter()
+        .try_fold(size, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| Error::invalid(format!(".npy shape {:?} overflows", h.shape)))?;
+    if h.shape == n.shape && body != need {
+        return Err(Error::invalid(format!(
+            ".npy data is {body} bytes: expected {need} for {} values of {:?}",
+            h.descr, h.shape
+        )));
+    }
+    Ok(Header {
+        tensors: vec![TensorInfo {
+            name: n.name.clone(),
+            dtype,
+            shape: h.shape,
+            begin: 0,
+            end: body,
+        }],
+        data_start: start,
+    })
+}
+
+/// Records in `map` the sizes and digests of `model`'s files `written` as they are now; the
+/// others keep theirs (the caller knows them unchanged since they were last checked).
+pub fn record_digests(map: &mut NameMap, model: &Model, written: &[FileIndex]) -> Result<()> {
+    for &f in written {
+        let (Some(entry), Some(file)) = (map.files.get_mut(f), model.files.get(f)) else {
+            continue;
+        };
+        entry.size = file.len();
+        entry.sha256 = Some(super::map::file_digest(file)?);
+    }
+    Ok(())
+}
 
 /// How the tensors of an update by name are to be written.
 pub struct ByName<'m> {

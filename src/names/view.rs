@@ -284,6 +284,44 @@ impl NamedViews {
         })
     }
 
+    /// How large new content of `names/<name>.npy` of name `i` (None: of
+    /// `names.safetensors`) may be, and why (docs/writes.md#sizes-and-free-space): a `.npy`
+    /// header and float64 values of the checkpoint's shape; a header naming every name and
+    /// each in float32, or in its checkpoint dtype when wider.
+    pub fn update_limit(&self, i: Option<usize>, path: &str) -> (u64, String) {
+        let numel =
+            |n: &super::map::MapName| n.shape.iter().fold(1u64, |a, &d| a.saturating_mul(d));
+        match i {
+            Some(i) => {
+                let n = self
+                    .names
+                    .get(i)
+                    .map_or(0, |n| numel(&self.map.names[n.entry]));
+                let len = npy::MAX_HEADER_LEN.saturating_add(n.saturating_mul(8));
+                (
+                    len,
+                    format!("{path} takes a .npy header and at most float64 values of the checkpoint's shape ({len} bytes)"),
+                )
+            }
+            None => {
+                let bound = super::update::header_bound(&self.map);
+                let data = self.map.names.iter().fold(0u64, |a, n| {
+                    let size = super::elem::Elem::of_safetensors(&n.dtype)
+                        .map_or(8, |e| e.size())
+                        .max(4);
+                    a.saturating_add(numel(n).saturating_mul(size))
+                });
+                (
+                    data.saturating_add(8 + bound.bytes),
+                    format!(
+                        "{path} takes a header of at most {} bytes for its {} name(s) and {data} bytes of values (each name in float32, or its checkpoint dtype when wider)",
+                        bound.bytes, bound.tensors
+                    ),
+                )
+            }
+        }
+    }
+
     /// How many names are shown (have a `.npy`).
     pub fn shown(&self) -> usize {
         self.names.iter().filter(|n| n.shown.is_some()).count()

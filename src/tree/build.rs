@@ -513,19 +513,21 @@ fn add_names(b: &mut Builder, views: &NamedViews) {
     for (i, n) in views.names.iter().enumerate() {
         b.text(dir, &file_name(&n.base, ".json"), TextKind::NameJson(i));
         if n.shown.is_some() {
-            b.push(
+            let ino = b.push(
                 dir,
                 file_name(&n.base, ".npy"),
                 Content::Named(NamedFile::Npy(i)),
             );
+            b.node_mut(ino).write = Some(WriteTarget::NameNpy { name: i });
             b.push_node(hist_node(dir, &n.base, HistOf::Name(i)));
         }
     }
-    b.push(
+    let ino = b.push(
         ROOT,
         "names.safetensors".to_string(),
         Content::Named(NamedFile::Safetensors),
     );
+    b.node_mut(ino).write = Some(WriteTarget::NamesSafetensors);
 }
 
 /// The nodes `add_names` makes for the names of `map`.

@@ -288,9 +288,14 @@ impl Tree {
         };
         let mut files: Vec<FileIndex> = self.reads(ino).iter().map(|l| l.file).collect();
         match &node.write {
-            Some(WriteTarget::Weights {
-                view: WeightsView::Root,
-            }) => files.extend(0..self.model.files.len()),
+            // A name may be stored in any file (tied tensors, re-quantized constants).
+            Some(
+                WriteTarget::Weights {
+                    view: WeightsView::Root,
+                }
+                | WriteTarget::NameNpy { .. }
+                | WriteTarget::NamesSafetensors,
+            ) => files.extend(0..self.model.files.len()),
             Some(target) => files.extend(target.files()),
             None => {}
         }
