@@ -328,6 +328,48 @@ fn a_stale_map_is_refused() {
     assert!(err.contains("changed since the map was learned"), "{err}");
 }
 
+/// A commit of a file other than the named views through a `--names MAP` mount (a `.bin`)
+/// also gives the map file the files' new digests, so `ptefs names --map` accepts them
+/// (docs/writes.md#writing-through-the-named-views).
+#[test]
+fn any_commit_through_a_names_mount_keeps_the_map_digests() {
+    if fuse_missing() {
+        return;
+    }
+    let c = copied("names_llama");
+    let (map_path, _) = learn_map(&c, &checkpoints("names_llama/hf"));
+    let Copied {
+        dir, model, data, ..
+    } = c;
+    let mut m = Mount::unmounted(
+        dir,
+        model.clone(),
+        data.clone(),
+        &["--names", arg(&map_path)],
+    );
+    m.mount();
+    let before = digests(&model, &data);
+    let (ok, out, err) = py(
+        "import sys\nb = bytearray(open(sys.argv[1], 'rb').read()); b[0] ^= 1\n\
+         with open(sys.argv[1], 'r+b') as f: f.write(b)",
+        &[arg(&m.path(EMBEDDING))],
+    );
+    assert!(ok, "{out}{err}");
+    m.umount();
+    let after = digests(&model, &data);
+    assert_ne!(after, before, "the .bin was committed");
+    let recorded: Vec<String> = NameMap::read(&map_path)
+        .unwrap()
+        .files
+        .iter()
+        .map(|f| f.sha256.clone().unwrap())
+        .collect();
+    assert_eq!(recorded, after);
+    let ptd = &data[0];
+    let (code, _, err) = ptefs(&[&"names", &model, &"--data", ptd, &"--map", &map_path]);
+    assert_eq!(code, 0, "{err}");
+}
+
 /// `ptefs cat --names CHECKPOINT` learns and serves the same bytes as with the map.
 #[test]
 fn ls_and_cat_take_names_too() {

@@ -36,15 +36,26 @@ fn into_write(model: &Model, w: BlobWrite) -> Write<'static> {
     }
 }
 
-/// Whether two references name the same bytes: one named-data entry (as the runtime finds
-/// keys), or overlapping bytes of the payloads at `a_payload` and `b_payload`.
+/// The named-data entry a key names, as the runtime finds keys.
+type Entry = Option<(usize, usize)>;
+
+fn entry(model: &Model, b: &BlobRef) -> Entry {
+    match b {
+        BlobRef::Named { key, .. } => model.named_blob(key).map(|(file, index, _)| (file, index)),
+        BlobRef::Payload { .. } => None,
+    }
+}
+
+/// Whether two references name the same bytes: one named-data entry (`a_entry`, `b_entry`
+/// their `entry`, looked up once by the caller), or overlapping bytes of the payloads at
+/// `a_payload` and `b_payload`.
 fn same_bytes(
-    model: &Model, a: &BlobRef, a_payload: Location, b: &BlobRef, b_payload: Location,
+    model: &Model, a: &BlobRef, a_entry: Entry, a_payload: Location, b: &BlobRef,
+    b_entry: impl FnOnce() -> Entry, b_payload: Location,
 ) -> bool {
     match (a, b) {
         (BlobRef::Named { key: x, .. }, BlobRef::Named { key: y, .. }) => {
-            let entry = |k: &str| model.named_blob(k).map(|(file, index, _)| (file, index));
-            x == y || entry(x).is_some_and(|e| Some(e) == entry(y))
+            x == y || a_entry.is_some_and(|e| Some(e) == b_entry())
         }
         (BlobRef::Payload { .. }, BlobRef::Payload { .. }) => {
             let at = |r, p| crate::backend::locate(model, p, r);
@@ -69,12 +80,24 @@ fn refuse_shared(
     writes: &[BlobWrite],
 ) -> Result<()> {
     let model = &*catalog.model;
+    // Every blob of the model is compared with these few writes: each key is looked up once.
+    let entries: Vec<Entry> = writes.iter().map(|w| entry(model, &w.bytes)).collect();
     for (&(p, j), other) in catalog.payloads.iter() {
         for blob in other.payload.blobs() {
-            let hit = writes.iter().find(|w| {
+            let blob_entry = std::cell::OnceCell::new();
+            let hit = writes.iter().zip(&entries).find(|(w, &e)| {
                 (p, j, blob.value, blob.role) != (plan, delegate, w.value, w.role)
-                    && same_bytes(model, &w.bytes, payload, &blob.bytes, other.location)
+                    && same_bytes(
+                        model,
+                        &w.bytes,
+                        e,
+                        payload,
+                        &blob.bytes,
+                        || *blob_entry.get_or_init(|| entry(model, &blob.bytes)),
+                        other.location,
+                    )
             });
+            let hit = hit.map(|(w, _)| w);
             if let Some(w) = hit {
                 return Err(Error::invalid(format!(
                     "{what}: value %{} of plan {p} delegate {j} reads the {} of %{} (in {}) too, as its own {}: \

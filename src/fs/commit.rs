@@ -185,15 +185,15 @@ impl Fs {
             self.replace_tree(new_tree);
             self.changes.all_changed();
         }
-        if crate::names::update::is_by_name(target) {
-            self.follow_digests(&path);
-        }
+        // Whatever file was written, the map's digests follow the files, so that `ptefs
+        // names --map` and the next mount accept them (docs/writes.md#writing-through-the-named-views).
+        self.follow_digests(&path);
         self.refusals.clear(ino);
         log::info!("committed {path} ({} bytes, {outcome:?})", data.len());
         Ok(Some(inval))
     }
 
-    /// After a write by name: the named views' map gets the digests of the files commits
+    /// After a commit of a mount with named views: the map gets the digests of the files commits
     /// wrote since it last got them, and a map given as a file is replaced with it. The
     /// commit is done whatever happens here, so a failure is logged, not returned.
     fn follow_digests(&self, path: &str) {

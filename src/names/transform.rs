@@ -389,6 +389,47 @@ impl IndexMap {
         }
     }
 
+    /// Calls `f(first, stride, len)` for every run of the stored order, in that order: the
+    /// next `len` stored elements are checkpoint elements `first + k × stride` (k < len).
+    /// The runs are as long as the layout allows (the whole tensor for the identity, a row
+    /// for a rotary reordering, the last stored dim for axes), so a caller moves values a
+    /// run at a time instead of mapping each index (`source`).
+    pub fn runs<E>(&self, mut f: impl FnMut(u64, u64, u64) -> Result<(), E>) -> Result<(), E> {
+        if self.numel == 0 {
+            return Ok(());
+        }
+        match &self.kind {
+            MapKind::Identity => f(0, 1, self.numel),
+            MapKind::Axes {
+                stored_dims,
+                ckpt_strides,
+                ..
+            } => {
+                let (inner, stride) = match (stored_dims.last(), ckpt_strides.last()) {
+                    (Some(&d), Some(&s)) => (d, s),
+                    _ => (1, 1),
+                };
+                // The last digit of a stored index below `inner` adds `k × stride`.
+                for o in 0..self.numel / inner {
+                    f(self.source(o * inner), stride, inner)?;
+                }
+                Ok(())
+            }
+            MapKind::Rotary {
+                direction,
+                block,
+                half,
+                row_len,
+            } => {
+                for row in 0..self.numel / row_len {
+                    let from = rotary_row(*direction, *block, *half, row, false);
+                    f(from * row_len, 1, *row_len)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// The stored index of checkpoint element `c` (< numel).
     #[inline]
     pub fn stored(&self, c: u64) -> u64 {
@@ -452,6 +493,60 @@ mod tests {
             assert_eq!(map.source(map.stored(c)), c, "{t}: not a bijection at {c}");
         }
         out
+    }
+
+    /// The runs of a map, expanded: the checkpoint index of every stored index in order.
+    fn by_runs(map: &IndexMap) -> Vec<u64> {
+        let mut out = Vec::new();
+        map.runs(|first, stride, len| {
+            out.extend((0..len).map(|k| first + k * stride));
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        out
+    }
+
+    #[test]
+    fn runs_cover_the_stored_order() {
+        let cases: [(Transform, &[u64], &[u64]); 6] = [
+            (Transform::Identity, &[4, 6], &[1, 4, 6]),
+            (Transform::Axes { order: vec![1, 0] }, &[4, 6], &[6, 4]),
+            (
+                Transform::Axes {
+                    order: vec![0, 2, 3, 1],
+                },
+                &[2, 3, 2, 2],
+                &[2, 2, 2, 3],
+            ),
+            (
+                Transform::Axes {
+                    order: vec![1, 2, 3, 0],
+                },
+                &[8, 1, 3, 3],
+                &[1, 3, 3, 8],
+            ),
+            (
+                Transform::Rotary {
+                    direction: Direction::HfToMeta,
+                    heads: 2,
+                },
+                &[12, 5],
+                &[12, 5],
+            ),
+            (
+                Transform::Rotary {
+                    direction: Direction::MetaToHf,
+                    heads: 1,
+                },
+                &[8],
+                &[8],
+            ),
+        ];
+        for (t, ckpt, stored) in cases {
+            let map = IndexMap::new(&t, ckpt, stored).expect("shapes fit");
+            let each: Vec<u64> = (0..map.numel()).map(|s| map.source(s)).collect();
+            assert_eq!(by_runs(&map), each, "{t}");
+        }
     }
 
     #[test]

@@ -66,15 +66,6 @@ pub fn plan_file<'a>(
     }
 }
 
-/// Whether a write to `target` is a write by name, after which the map's digests follow the
-/// files (docs/writes.md#writing-through-the-named-views).
-pub fn is_by_name(target: &WriteTarget) -> bool {
-    matches!(
-        target,
-        WriteTarget::NameNpy { .. } | WriteTarget::NamesSafetensors
-    )
-}
-
 /// How large a safetensors header naming `map`'s names may be.
 pub fn header_bound(map: &NameMap) -> HeaderBound {
     HeaderBound::of_names(map.names.iter().map(|n| (n.name.as_str(), n.shape.len())))
@@ -437,21 +428,61 @@ impl<'m> ByName<'m> {
         source
             .read_at(0, &mut bytes)
             .map_err(|e| Error::io("read the update", e))?;
-        let numel = index.numel();
-        let out_len =
-            usize::try_from(numel * to.size()).map_err(|_| Error::invalid("too large"))?;
-        let mut out = Vec::with_capacity(out_len);
-        for s in 0..numel {
-            let c = index.source(s) as usize;
-            let v = elem.get(&bytes, c) * factor;
-            encode(v, to, &mut out).map_err(|why| {
-                Error::invalid(format!(
-                    "{name}: element {c} ({v}) {why}, so nothing was written"
-                ))
-            })?;
-        }
-        Ok(out)
+        reorder(name, &bytes, elem, index, factor, to)
     }
+}
+
+/// The values of checkpoint tensor `bytes` (of `elem`) in the stored order `index` gives,
+/// times `factor`, as bytes of `to`: moved a run of the stored order at a time
+/// (`IndexMap::runs`). float32 to float32 unscaled copies each run's bytes once its values
+/// are known finite: a float32 made `f64`, times 1 and made float32 again is itself.
+fn reorder(
+    name: &str, bytes: &[u8], elem: Elem, index: &IndexMap, factor: f64, to: Elem,
+) -> Result<Vec<u8>> {
+    let numel = index.numel();
+    let out_len = usize::try_from(numel * to.size()).map_err(|_| Error::invalid("too large"))?;
+    let mut out = Vec::with_capacity(out_len);
+    let copy = elem == Elem::F32 && to == Elem::F32 && factor == 1.0;
+    let refuse = |c: u64, v: f64, why: String| {
+        Error::invalid(format!(
+            "{name}: element {c} ({v}) {why}, so nothing was written"
+        ))
+    };
+    index.runs(|first, stride, n| {
+        let (first, stride, n) = (first as usize, stride as usize, n as usize);
+        if copy && stride == 1 {
+            let run = &bytes[first * 4..(first + n) * 4];
+            for (k, b) in run.chunks_exact(4).enumerate() {
+                let x = f32::from_le_bytes(b.try_into().expect("4 bytes"));
+                if !x.is_finite() {
+                    let c = (first + k) as u64;
+                    return Err(refuse(c, f64::from(x), "is not a finite value".into()));
+                }
+            }
+            out.extend_from_slice(run);
+            return Ok(());
+        }
+        for k in 0..n {
+            let c = first + k * stride;
+            let v = elem.get(bytes, c) * factor;
+            encode(v, to, &mut out).map_err(|why| refuse(c as u64, v, why))?;
+        }
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// `reorder` one element at a time through `IndexMap::source`: what the runs must equal.
+#[cfg(test)]
+fn reorder_each(
+    bytes: &[u8], elem: Elem, index: &IndexMap, factor: f64, to: Elem,
+) -> std::result::Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    for s in 0..index.numel() {
+        let c = index.source(s) as usize;
+        encode(elem.get(bytes, c) * factor, to, &mut out)?;
+    }
+    Ok(out)
 }
 
 fn is_float(e: Elem) -> bool {
@@ -559,4 +590,73 @@ fn raw_constant(
     let numel: u64 = shape.iter().product();
     (numel == stored.numel() && numel * elem.size() == location.range.len())
         .then_some((location, elem))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::names::transform::{Direction, Transform};
+
+    /// The runs give the bytes the per-element mapping gives, for every kind of transform,
+    /// unscaled (float32 runs copied) and scaled, to float32 and half precision.
+    #[test]
+    fn runs_equal_the_per_element_mapping() {
+        let cases: [(Transform, &[u64], &[u64]); 4] = [
+            (Transform::Identity, &[6, 8], &[1, 6, 8]),
+            (
+                Transform::Rotary {
+                    direction: Direction::HfToMeta,
+                    heads: 2,
+                },
+                &[8, 6],
+                &[8, 6],
+            ),
+            (
+                Transform::Rotary {
+                    direction: Direction::MetaToHf,
+                    heads: 1,
+                },
+                &[12, 4],
+                &[12, 4],
+            ),
+            (
+                Transform::Axes {
+                    order: vec![0, 2, 3, 1],
+                },
+                &[2, 4, 3, 2],
+                &[2, 3, 2, 4],
+            ),
+        ];
+        for (t, ckpt, stored) in cases {
+            let index = IndexMap::new(&t, ckpt, stored).expect("shapes fit");
+            let values: Vec<f32> = (0..index.numel())
+                .map(|i| (i as f32 - 20.0) * 0.37 + if i == 3 { -0.0 } else { 1e-40 })
+                .collect();
+            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            for (factor, to) in [(1.0, Elem::F32), (0.5, Elem::F32), (1.0, Elem::F16)] {
+                let runs = reorder("w", &bytes, Elem::F32, &index, factor, to).unwrap();
+                let each = reorder_each(&bytes, Elem::F32, &index, factor, to).unwrap();
+                assert_eq!(runs, each, "{t}, x{factor}, {to:?}");
+            }
+        }
+        // A value that is not finite is refused by its checkpoint index, as before.
+        let index = IndexMap::new(
+            &Transform::Rotary {
+                direction: Direction::HfToMeta,
+                heads: 1,
+            },
+            &[4, 2],
+            &[4, 2],
+        )
+        .unwrap();
+        let mut values = [1f32; 8];
+        values[5] = f32::INFINITY;
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let e = reorder("w", &bytes, Elem::F32, &index, 1.0, Elem::F32).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("element 5 (inf) is not a finite value"),
+            "{e}"
+        );
+    }
 }
