@@ -328,13 +328,13 @@ pub fn mount(req: &MountRequest) -> Result<()> {
     // daemon (the network runtime cannot cross the fork).
     let remote = remote_files(std::iter::once(&file).chain(&data))?;
     let mountpoint = mountpoint_dir(&req.mountpoint)?;
-    // Absolute: the daemon leaves the directory it was started in.
+    // Absolute, as given: the daemon leaves the directory it was started in, and a map
+    // file it replaces later is replaced where it was named, never through a link.
     let names = req
         .names
         .as_ref()
         .map(|p| {
-            p.canonicalize()
-                .map_err(|e| Error::io(format!("--names {}", p.display()), e))
+            std::path::absolute(p).map_err(|e| Error::io(format!("--names {}", p.display()), e))
         })
         .transpose()?;
     fuse_usable()?;

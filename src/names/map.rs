@@ -10,7 +10,7 @@
 
 use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
@@ -772,15 +772,67 @@ fn parse_name(name: &str, v: &Value, nfiles: usize, ncheckpoints: usize) -> Pars
     })
 }
 
-/// Writes `bytes` to `path` through a new file beside it, renamed over it.
+/// Writes `bytes` to `path` through a new file beside it, renamed over it. Everything is
+/// done relative to one descriptor of the directory, so a directory swapped for a link
+/// meanwhile cannot send the file elsewhere; an existing `path` is replaced only when it is
+/// a regular file of this process's user (never through a symbolic link, never another
+/// user's file: ptefs may run as root beside shared directories).
 pub fn write_replacing(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
     let name = path
         .file_name()
-        .ok_or_else(|| Error::invalid(format!("-o {}: not a file name", path.display())))?;
+        .ok_or_else(|| Error::invalid(format!("{}: not a file name", path.display())))?;
+    let c =
+        |b: &[u8]| std::ffi::CString::new(b).map_err(|_| Error::invalid("a NUL in a file name"));
+    let dir_c = c(dir.as_os_str().as_bytes())?;
+    // SAFETY: a NUL-terminated path; the descriptor is owned below.
+    let dfd = unsafe {
+        libc::open(
+            dir_c.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if dfd < 0 {
+        return Err(Error::io(dir.display(), std::io::Error::last_os_error()));
+    }
+    // SAFETY: a descriptor just opened and owned by nobody else.
+    let dfd = unsafe { OwnedFd::from_raw_fd(dfd) };
+    let name_c = c(name.as_bytes())?;
+    // SAFETY: plain structs filled by the kernel.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid descriptor, NUL-terminated name and a stat buffer.
+    let found = unsafe {
+        libc::fstatat(
+            dfd.as_raw_fd(),
+            name_c.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    } == 0;
+    if found {
+        // SAFETY: geteuid cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(Error::invalid(format!(
+                "{}: not replaced: it is not a regular file (a symbolic link?)",
+                path.display()
+            )));
+        }
+        if st.st_uid != me {
+            return Err(Error::new(
+                libc::EACCES,
+                format!(
+                    "{}: not replaced: it belongs to uid {}, and ptefs runs as uid {me}",
+                    path.display(),
+                    st.st_uid
+                ),
+            ));
+        }
+    }
     let mut bits = [0u8; 8];
     // SAFETY: a buffer of the given length.
     if unsafe { libc::getrandom(bits.as_mut_ptr().cast(), bits.len(), 0) } != 8 {
@@ -789,20 +841,44 @@ pub fn write_replacing(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut tmp_name = b".".to_vec();
     tmp_name.extend_from_slice(name.as_bytes());
     tmp_name.extend_from_slice(format!(".{:016x}", u64::from_ne_bytes(bits)).as_bytes());
+    let tmp_c = c(&tmp_name)?;
     let tmp = dir.join(std::ffi::OsStr::from_bytes(&tmp_name));
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&tmp)
-        .map_err(|e| Error::io(tmp.display(), e))?;
+    // SAFETY: valid descriptor and NUL-terminated name; the new descriptor is owned below.
+    let fd = unsafe {
+        libc::openat(
+            dfd.as_raw_fd(),
+            tmp_c.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0o644 as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(Error::io(tmp.display(), std::io::Error::last_os_error()));
+    }
+    // SAFETY: a descriptor just opened and owned by nobody else.
+    let mut file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
     let written = file
         .write_all(bytes)
         .and_then(|()| file.sync_all())
-        .and_then(|()| std::fs::rename(&tmp, path));
+        .and_then(|()| {
+            // SAFETY: valid descriptor and NUL-terminated names.
+            let r = unsafe {
+                libc::renameat(
+                    dfd.as_raw_fd(),
+                    tmp_c.as_ptr(),
+                    dfd.as_raw_fd(),
+                    name_c.as_ptr(),
+                )
+            };
+            if r == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
     if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
+        // SAFETY: valid descriptor and NUL-terminated name.
+        unsafe { libc::unlinkat(dfd.as_raw_fd(), tmp_c.as_ptr(), 0) };
         return Err(Error::io(path.display(), e));
     }
     Ok(())
@@ -823,4 +899,45 @@ pub fn save_replacing(path: &Path, map: &NameMap, model: &Model) -> Result<()> {
     let mut text = serde_json::to_vec_pretty(&map.to_json()?).expect("JSON of strings and numbers");
     text.push(b'\n');
     write_replacing(path, &text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::write_replacing;
+
+    #[test]
+    fn a_map_is_replaced_only_as_a_regular_file_of_its_user_never_through_a_link() {
+        let d = tempfile::tempdir().unwrap();
+        let map = d.path().join("names.json");
+        write_replacing(&map, b"one").unwrap();
+        write_replacing(&map, b"two").unwrap();
+        assert_eq!(std::fs::read(&map).unwrap(), b"two");
+        // A link where the map was named: neither the link nor its target changes.
+        let target = d.path().join("precious");
+        std::fs::write(&target, b"precious").unwrap();
+        let link = d.path().join("link.json");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let e = write_replacing(&link, b"three").unwrap_err();
+        assert!(e.message().contains("not a regular file"), "{e}");
+        assert_eq!(std::fs::read(&target).unwrap(), b"precious");
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        // Nothing else was left in the directory.
+        let mut names: Vec<_> = std::fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["link.json", "names.json", "precious"]);
+        // Another user's map is not replaced (as root, a file given away can be made).
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            std::os::unix::fs::chown(&map, Some(12345), None).unwrap();
+            let e = write_replacing(&map, b"four").unwrap_err();
+            assert!(e.message().contains("belongs to uid 12345"), "{e}");
+            assert_eq!(std::fs::read(&map).unwrap(), b"two");
+        }
+    }
 }
