@@ -674,6 +674,29 @@ fn map_json_is_checked_when_read() {
         let e = NameMap::parse(&serde_json::to_vec(&v).unwrap()).unwrap_err();
         assert!(e.message().contains(says), "{what}: {e}");
     }
+    // Maps that parse but do not fit the model: a target named twice, and a shape the
+    // model's tensor does not have, said with both shapes.
+    let (file, data) = fixture("names_conv_bn");
+    let stored = stored_tensors(&Catalog::of(Arc::new(Model::open(&file, &data).unwrap())));
+    let fits = |v: &serde_json::Value| {
+        NameMap::parse(&serde_json::to_vec(v).unwrap())
+            .unwrap()
+            .check_targets(&stored)
+    };
+    fits(&good).unwrap();
+    let mut twice = good.clone();
+    let first = twice["names"]["dw.weight"]["targets"][0].clone();
+    twice["names"]["dw.weight"]["targets"]
+        .as_array_mut()
+        .unwrap()
+        .push(first);
+    let e = fits(&twice).unwrap_err();
+    assert!(e.message().contains("names the target"), "{e}");
+    assert!(e.message().contains("twice"), "{e}");
+    let mut shaped = good.clone();
+    shaped["names"]["dw.weight"]["targets"][0]["shape"] = serde_json::json!([1u64 << 40, 3]);
+    let e = fits(&shaped).unwrap_err();
+    assert!(e.message().contains("[1099511627776, 3]"), "{e}");
 }
 
 #[test]

@@ -349,14 +349,26 @@ impl NameMap {
             let Status::Matched { targets, .. } = &n.status else {
                 continue;
             };
-            for t in targets {
+            for (k, t) in targets.iter().enumerate() {
+                if targets[..k].iter().any(|u| u.stored.path == t.stored.path) {
+                    return Err(Error::invalid(format!(
+                        "{}: the map names the target {} twice",
+                        crate::quote::name(&n.name),
+                        t.stored.path
+                    )));
+                }
                 let found = stored.iter().find(|s| s.path == t.stored.path);
                 match found {
                     Some(s) if s.shape == t.stored.shape && s.what == t.stored.what => {}
                     Some(s) => {
                         return Err(Error::invalid(format!(
-                            "{}: the map says {} {} holds it, the model stores {} there",
-                            n.name, t.stored.path, t.stored.what, s.what
+                            "{}: the map says {} holds it as {} with values of shape {:?}, the model stores {} there with values of shape {:?}",
+                            crate::quote::name(&n.name),
+                            t.stored.path,
+                            t.stored.what,
+                            t.stored.shape,
+                            s.what,
+                            s.shape
                         )))
                     }
                     None => {
