@@ -165,32 +165,23 @@ impl Values<'_> {
 
     /// Elements `first .. first + out.len()` (row-major) as float32.
     pub fn read(&self, first: u64, out: &mut [f32]) -> Result<()> {
-        self.window(first, out.len())?;
-        match &self.kind {
-            ValuesKind::Dense { bytes, elem } => {
-                for (k, o) in out.iter_mut().enumerate() {
-                    *o = elem.get(bytes, first as usize + k) as f32;
-                }
-                Ok(())
-            }
-            ValuesKind::View {
-                layout,
-                data,
-                scales,
-            } => layout
-                .dequantize(data, scales, first, out)
-                .map_err(|e| Error::new(libc::EIO, e.message())),
-        }
+        self.fill(first, out, false)
     }
 
     /// The quantization steps of elements `first .. first + out.len()`
     /// (`Dequantize::steps`; for dense bytes, the spacing of their format).
     pub fn steps(&self, first: u64, out: &mut [f32]) -> Result<()> {
+        self.fill(first, out, true)
+    }
+
+    /// `read`, or with `steps` the steps of the same elements.
+    fn fill(&self, first: u64, out: &mut [f32], steps: bool) -> Result<()> {
         self.window(first, out.len())?;
         match &self.kind {
             ValuesKind::Dense { bytes, elem } => {
                 for (k, o) in out.iter_mut().enumerate() {
-                    *o = elem.step(elem.get(bytes, first as usize + k) as f32);
+                    let v = elem.get(bytes, first as usize + k) as f32;
+                    *o = if steps { elem.step(v) } else { v };
                 }
                 Ok(())
             }
@@ -198,9 +189,12 @@ impl Values<'_> {
                 layout,
                 data,
                 scales,
-            } => layout
-                .steps(data, scales, first, out)
-                .map_err(|e| Error::new(libc::EIO, e.message())),
+            } => if steps {
+                layout.steps(data, scales, first, out)
+            } else {
+                layout.dequantize(data, scales, first, out)
+            }
+            .map_err(|e| Error::new(libc::EIO, e.message())),
         }
     }
 }

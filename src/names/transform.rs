@@ -361,32 +361,7 @@ impl IndexMap {
     /// The checkpoint index of stored element `s` (< numel).
     #[inline]
     pub fn source(&self, s: u64) -> u64 {
-        match &self.kind {
-            MapKind::Identity => s,
-            MapKind::Axes {
-                stored_dims,
-                ckpt_strides,
-                ..
-            } => {
-                let mut rest = s;
-                let mut at = 0;
-                for j in (0..stored_dims.len()).rev() {
-                    at += (rest % stored_dims[j]) * ckpt_strides[j];
-                    rest /= stored_dims[j];
-                }
-                at
-            }
-            MapKind::Rotary {
-                direction,
-                block,
-                half,
-                row_len,
-            } => {
-                let (row, col) = (s / row_len, s % row_len);
-                let row = rotary_row(*direction, *block, *half, row, false);
-                row * row_len + col
-            }
-        }
+        self.map_index(s, false)
     }
 
     /// Calls `f(first, stride, len)` for every run of the stored order, in that order: the
@@ -433,18 +408,32 @@ impl IndexMap {
     /// The stored index of checkpoint element `c` (< numel).
     #[inline]
     pub fn stored(&self, c: u64) -> u64 {
+        self.map_index(c, true)
+    }
+
+    /// `source` of `i`, or with `inverse` `stored` of it: one walk of the index's digits
+    /// from the last axis, over the dims of the side it counts in and the other side's
+    /// strides.
+    #[inline]
+    fn map_index(&self, i: u64, inverse: bool) -> u64 {
         match &self.kind {
-            MapKind::Identity => c,
+            MapKind::Identity => i,
             MapKind::Axes {
+                stored_dims,
+                ckpt_strides,
                 ckpt_dims,
                 stored_strides,
-                ..
             } => {
-                let mut rest = c;
+                let (dims, strides) = if inverse {
+                    (ckpt_dims, stored_strides)
+                } else {
+                    (stored_dims, ckpt_strides)
+                };
+                let mut rest = i;
                 let mut at = 0;
-                for d in (0..ckpt_dims.len()).rev() {
-                    at += (rest % ckpt_dims[d]) * stored_strides[d];
-                    rest /= ckpt_dims[d];
+                for d in (0..dims.len()).rev() {
+                    at += (rest % dims[d]) * strides[d];
+                    rest /= dims[d];
                 }
                 at
             }
@@ -454,9 +443,8 @@ impl IndexMap {
                 half,
                 row_len,
             } => {
-                let (row, col) = (c / row_len, c % row_len);
-                let row = rotary_row(*direction, *block, *half, row, true);
-                row * row_len + col
+                let (row, col) = (i / row_len, i % row_len);
+                rotary_row(*direction, *block, *half, row, inverse) * row_len + col
             }
         }
     }
