@@ -87,7 +87,7 @@ fn statfs_counts_the_model_files_bytes_and_the_tree_nodes() {
     let bytes =
         std::fs::metadata(&c.model).unwrap().len() + std::fs::metadata(&c.data[0]).unwrap().len();
     assert_eq!(s.blocks, bytes.div_ceil(u64::from(s.frsize)));
-    assert_eq!(s.files, fs.tree().nodes.len() as u64);
+    assert_eq!(s.files, fs.tree().node_count());
     assert_eq!((s.bfree, s.bavail, s.ffree), (0, 0, 0));
     assert_eq!(s.namelen, 255);
 }

@@ -65,7 +65,7 @@ fn linear_weight() -> (Copied, Fs, Vec<u8>, Ino) {
 /// distinct tensors, which get bytes of their own (`tests/identity.rs`).
 fn raw_writable(tree: &Tree) -> Vec<(String, ptefs::format::layout::Location, bool)> {
     let mut out = Vec::new();
-    for (i, n) in tree.nodes.iter().enumerate() {
+    for (i, n) in tree.nodes().map(|(ino, n)| ((ino - 1) as usize, n)) {
         if n.write
             .as_ref()
             .is_some_and(|w| common::separates(&tree.model, w))
@@ -140,9 +140,8 @@ fn npy_edit_writes_only_the_data_part() {
         let fs = open(&c, false);
         let tree = fs.tree();
         let npys: Vec<_> = tree
-            .nodes
-            .iter()
-            .enumerate()
+            .nodes()
+            .map(|(ino, n)| ((ino - 1) as usize, n))
             .filter(|(_, n)| {
                 !n.write
                     .as_ref()
@@ -500,7 +499,7 @@ fn size_changes_relayout_and_keep_other_segments() {
                     container_defects(&reopened)
                 );
                 let t = Tree::build(Arc::new(reopened));
-                assert_eq!(t.nodes.len(), fs.tree().nodes.len());
+                assert_eq!(t.node_count(), fs.tree().node_count());
                 assert!(ptefs::edit::relayout::leftovers(&file).is_empty());
                 resized += 1;
             }
@@ -516,9 +515,8 @@ fn size_changes_relayout_and_keep_other_segments() {
 /// which the edits here overwrite at random; their bytes are those of named data, which is
 /// in the list.
 fn mapped_files(tree: &Tree) -> Vec<(String, usize, ptefs::format::layout::Location)> {
-    tree.nodes
-        .iter()
-        .enumerate()
+    tree.nodes()
+        .map(|(ino, n)| ((ino - 1) as usize, n))
         .filter_map(|(i, n)| match &n.content {
             Content::Range(l) => Some((tree.path(i as u64 + 1), 0, *l)),
             Content::Npy { header, location } => {

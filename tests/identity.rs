@@ -27,7 +27,7 @@ use ptefs::tree::{Content, Tree};
 /// The `.bin` of every tensor of the tree that has one, by tensor.
 fn tensor_bins(tree: &Tree) -> BTreeMap<TensorId, String> {
     let mut out = BTreeMap::new();
-    for (i, n) in tree.nodes.iter().enumerate() {
+    for (i, n) in tree.nodes().map(|(ino, n)| ((ino - 1) as usize, n)) {
         let of = match &n.write {
             Some(WriteTarget::TensorBin { of, .. }) => *of,
             Some(WriteTarget::Blob { file, named_index }) => TensorId::key(*file, *named_index),
@@ -360,9 +360,8 @@ fn an_xnnpack_constant_gets_a_segment_of_its_own() {
     let fs = open(&c, false);
     let tree = fs.tree();
     let (value_bin, len) = tree
-        .nodes
-        .iter()
-        .enumerate()
+        .nodes()
+        .map(|(ino, n)| ((ino - 1) as usize, n))
         .find_map(|(i, n)| match &n.write {
             Some(WriteTarget::PayloadConstant {
                 of: Some(TensorId::Key { index: 0, .. }),

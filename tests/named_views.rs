@@ -115,7 +115,7 @@ fn the_tree_counts_its_named_nodes_and_json_names_the_stored_tensors() {
         .expect("over the limit");
     assert!(err.message().contains("--max-nodes"), "{err}");
     let tree = Tree::build_named(model, expected, Some(map.clone())).unwrap();
-    assert_eq!(tree.nodes.len() as u64, expected);
+    assert_eq!(tree.node_count(), expected);
     // Every name has a .json; every matched float name a .npy and a .hist.svg.
     for n in &map.names {
         let json = tree.find(&format!("names/{}.json", n.name));
@@ -132,9 +132,8 @@ fn the_tree_counts_its_named_nodes_and_json_names_the_stored_tensors() {
     let Status::Matched { targets, .. } = &map.name(q).unwrap().status else {
         panic!("{q} not matched")
     };
-    let ino = tree
-        .find(&format!("{}.json", targets[0].stored.path))
-        .unwrap();
+    let stored_json = format!("{}.json", targets[0].stored.path);
+    let ino = tree.find(&stored_json).unwrap();
     let v: Value = serde_json::from_slice(&tree.text(ino).unwrap()).unwrap();
     assert_eq!(v["checkpoint_name"], q);
     // So does the .ptd key of the embedding, and the plan value that shows it.
@@ -149,6 +148,7 @@ fn the_tree_counts_its_named_nodes_and_json_names_the_stored_tensors() {
     let model = Arc::new(Model::open(&c.model, &c.data).unwrap());
     let tree = Tree::build(model);
     assert!(tree.find("names").is_none() && tree.find("names.safetensors").is_none());
+    let ino = tree.find(&stored_json).unwrap();
     let v: Value = serde_json::from_slice(&tree.text(ino).unwrap()).unwrap();
     assert!(v.get("checkpoint_name").is_none());
 }

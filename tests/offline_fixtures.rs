@@ -1553,3 +1553,58 @@ fn every_manifest_names_its_files() {
         }
     }
 }
+
+/// Every path of `tree` with its inode, walked depth first with each directory's children
+/// in name order, or in reverse order.
+fn inodes_by_path(tree: &Tree, reverse: bool) -> BTreeMap<String, Ino> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![(ptefs::tree::ROOT, String::new())];
+    while let Some((dir, prefix)) = stack.pop() {
+        let mut children = tree.children(dir).unwrap_or_default().to_vec();
+        if reverse {
+            children.reverse();
+        }
+        for ino in children {
+            let path = format!("{prefix}{}", tree.node(ino).unwrap().name);
+            if tree.node(ino).unwrap().is_dir() {
+                stack.push((ino, format!("{path}/")));
+            }
+            out.insert(path, ino);
+        }
+    }
+    out
+}
+
+/// The per-value directories are built when first used (docs/tree.md#size-limits), and
+/// inode numbers do not depend on which was used first: a tree walked in name order and
+/// another walked in reverse order give every path the same inode, and once every directory
+/// is built the tree holds exactly the nodes the node limit counts.
+#[test]
+fn lazy_directories_number_their_nodes_the_same_whatever_is_listed_first() {
+    for_each_fixture(|c| {
+        let (file, data) = (c.file.clone(), c.data.clone());
+        let open = || Tree::build(Arc::new(ptefs::format::Model::open(&file, &data).unwrap()));
+        let tree = open();
+        let lazy: Vec<Ino> = tree
+            .built_nodes()
+            .filter(|(_, n)| matches!(n.content, Content::LazyDir(_)))
+            .map(|(ino, _)| ino)
+            .collect();
+        c.eq("lazy directories", true, !lazy.is_empty());
+        for &d in &lazy {
+            let built = tree.lazy_dir(d).unwrap().is_built();
+            c.eq(&format!("{}: built before use", tree.path(d)), false, built);
+        }
+        let in_order = inodes_by_path(&tree, false);
+        let reversed = inodes_by_path(&open(), true);
+        c.eq("inodes by path", &in_order, &reversed);
+        let built = tree.built_nodes().count() as u64;
+        c.eq("nodes built after the walk", tree.node_count(), built);
+        c.eq(
+            "nodes counted",
+            ptefs::tree::node_count(&tree.model),
+            tree.node_count(),
+        );
+        c.eq("paths walked", tree.node_count() - 1, in_order.len() as u64);
+    });
+}

@@ -98,7 +98,7 @@ fn histogram_sizes_are_known_without_reading_values() {
             }
         }
         // walk() lists with attributes: every size was given, no histogram was rendered.
-        for (i, node) in tree.nodes.iter().enumerate() {
+        for (i, node) in tree.nodes().map(|(ino, n)| ((ino - 1) as usize, n)) {
             if let Content::Text {
                 kind: TextKind::Hist(_),
                 ..

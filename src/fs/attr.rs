@@ -66,6 +66,10 @@ pub fn perm(model_mode: u32, dir: bool, writable: bool) -> u16 {
 }
 
 pub fn dir_is_writable(tree: &Tree, ino: Ino) -> bool {
+    // A lazy directory knows without being built.
+    if let Some(lazy) = tree.lazy_dir(ino) {
+        return lazy.writable;
+    }
     tree.children(ino).is_some_and(|c| {
         c.iter()
             .any(|&c| tree.node(c).is_some_and(|n| n.write.is_some()))
@@ -97,6 +101,11 @@ impl Fs {
                     .count() as u32;
                 let perm = perm(id.mode, true, writable && dir_is_writable(tree, ino));
                 (FileType::Directory, perm, 2 + subdirs)
+            }
+            // Known without building it: it holds no directory.
+            Content::LazyDir(_) => {
+                let perm = perm(id.mode, true, writable && dir_is_writable(tree, ino));
+                (FileType::Directory, perm, 2)
             }
             _ => {
                 let perm = perm(id.mode, false, writable && node.write.is_some());

@@ -42,7 +42,7 @@ fn outcome_keeps_structure(old: &Tree, outcome: &Outcome) -> bool {
 /// file when the write touched the flatbuffer), or everything after a re-layout.
 fn invalidations(old: &Tree, outcome: &Outcome) -> Invalidate {
     if !outcome_keeps_structure(old, outcome) {
-        return Invalidate::inodes((1..=old.nodes.len() as Ino).collect());
+        return Invalidate::inodes(old.built_inodes());
     }
     let Outcome::InPlace { ranges } = outcome else {
         unreachable!("only in-place commits keep the structure")
@@ -53,19 +53,11 @@ fn invalidations(old: &Tree, outcome: &Outcome) -> Invalidate {
         })
     };
     Invalidate::inodes(
-        (1..=old.nodes.len() as Ino)
+        old.built_nodes()
+            .map(|(ino, _)| ino)
             .filter(|&ino| old.reads(ino).iter().any(overlaps))
             .collect(),
     )
-}
-
-/// Whether two trees give every inode number the same name, parent and kind.
-fn same_shape(a: &Tree, b: &Tree) -> bool {
-    a.nodes.len() == b.nodes.len()
-        && a.nodes
-            .iter()
-            .zip(&b.nodes)
-            .all(|(x, y)| x.parent == y.parent && x.is_dir() == y.is_dir() && x.name == y.name)
 }
 
 /// Re-opens the files of `tree` after a commit (`ours`) or a change behind the mount, and
@@ -172,15 +164,10 @@ impl Fs {
                     format!("{path}: written, but re-reading the model failed: {e}"),
                 )
             })?;
-            if !same_shape(&tree, &new_tree) {
+            if !tree.same_shape(&new_tree) {
                 // Inode numbers now name other nodes (a decoded payload gained or lost
                 // files): every cached name must be looked up again.
-                inval.entries = tree
-                    .nodes
-                    .iter()
-                    .skip(1)
-                    .map(|n| (n.parent, n.name.clone()))
-                    .collect();
+                inval.entries = tree.built_entries();
             }
             self.replace_tree(new_tree);
             self.changes.all_changed();

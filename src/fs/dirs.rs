@@ -90,7 +90,9 @@ impl Fs {
         let parent = tree.node(ino).map_or(ino, |n| n.parent);
         out.push(entry("..".to_string(), parent)?);
         for &c in children {
-            let name = &tree.nodes[(c - 1) as usize].name;
+            let Some(name) = tree.node(c).map(|n| &n.name) else {
+                continue;
+            };
             if !hidden.contains(name) {
                 out.push(entry(name.clone(), c)?);
             }

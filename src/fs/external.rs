@@ -132,16 +132,11 @@ impl Fs {
                 log::warn!(
                     "{path} changed behind the mount ({how}): showing it anew; files opened before fail with ESTALE"
                 );
-                let entries: Vec<(Ino, String)> = tree
-                    .nodes
-                    .iter()
-                    .skip(1)
-                    .map(|n| (n.parent, n.name.clone()))
-                    .collect();
-                let nodes = tree.nodes.len().max(new_tree.nodes.len()) as Ino;
+                let entries = tree.built_entries();
+                let inodes = tree.built_inodes();
                 self.replace_tree(new_tree);
                 self.changes.all_changed();
-                let mut inval = super::invalidate::Invalidate::inodes((1..=nodes).collect());
+                let mut inval = super::invalidate::Invalidate::inodes(inodes);
                 inval.entries = entries;
                 inval.send(&*self.invalidator);
                 Ok(())
@@ -157,8 +152,7 @@ impl Fs {
         log::error!("{why}");
         self.changes.set_stale(why.clone());
         self.changes.all_changed();
-        let nodes = self.tree().nodes.len() as Ino;
-        self.invalidator.inodes((1..=nodes).collect(), false);
+        self.invalidator.inodes(self.tree().built_inodes(), false);
         stale_error(&why)
     }
 

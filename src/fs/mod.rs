@@ -285,8 +285,7 @@ impl Fs {
             changed
         };
         if changed {
-            let nodes = self.tree().nodes.len() as Ino;
-            self.invalidator.inodes((1..=nodes).collect(), false);
+            self.invalidator.inodes(self.tree().built_inodes(), false);
         }
     }
 
@@ -485,7 +484,7 @@ impl Fs {
             blocks: bytes.div_ceil(FRSIZE),
             bfree: 0,
             bavail: 0,
-            files: tree.nodes.len() as u64,
+            files: tree.node_count(),
             ffree: 0,
             bsize: BLOCK_SIZE,
             namelen: NAME_MAX,

@@ -227,7 +227,7 @@ pub fn read(tree: Arc<Tree>, ino: Ino, offset: u64, size: u32) -> Result<ReadDat
         .node(ino)
         .ok_or_else(|| Error::not_found(format!("inode {ino}")))?;
     let part = match &node.content {
-        Content::Dir(_) => {
+        Content::Dir(_) | Content::LazyDir(_) => {
             return Err(Error::new(
                 libc::EISDIR,
                 format!("{} is a directory", tree.path(ino)),

@@ -3,6 +3,7 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 
+use super::lazy::{LazyDir, LazyKind};
 use super::{Content, HistOf, Ino, NamedFile, Node, TextCache, TextKind, Tree, ROOT, UNKNOWN_LEN};
 use crate::backend::{BlobRef, FloatView};
 use crate::catalog::names::{self, Names};
@@ -19,29 +20,86 @@ use crate::names::NameMap;
 /// million tensor values, several GiB of memory for the parsed program and the tree.
 pub const DEFAULT_MAX_NODES: u64 = 4_000_000;
 
-struct Builder {
+pub(super) struct Builder {
+    /// The inode of `nodes[0]`.
+    base: Ino,
     nodes: Vec<Node>,
     /// Every directory, and whether its children were listed in name order as they were
     /// added (`finish` sorts the others).
     dirs: Vec<(Ino, bool)>,
+    /// The lazy directory being filled, which is not among `nodes`: its inode, its children,
+    /// and whether they were listed in name order.
+    top: Option<(Ino, Vec<Ino>, bool)>,
+    /// The lazy directories the eager part declared, in declaration order.
+    lazy: Vec<Declared>,
+}
+
+/// A lazy directory as the eager build declares it: its inode, what it shows, how many
+/// nodes it will hold and whether any of them is writable.
+struct Declared {
+    dir: Ino,
+    kind: LazyKind,
+    count: u64,
+    writable: bool,
 }
 
 impl Builder {
+    /// A builder of the eager part of a tree, whose root is inode 1.
+    fn eager(capacity: usize) -> Builder {
+        let mut nodes = Vec::with_capacity(capacity);
+        nodes.push(Node {
+            name: String::new(),
+            parent: ROOT,
+            content: Content::Dir(Vec::new()),
+            write: None,
+        });
+        Builder {
+            base: ROOT,
+            nodes,
+            dirs: vec![(ROOT, false)],
+            top: None,
+            lazy: Vec::new(),
+        }
+    }
+
+    /// A builder of the contents of lazy directory `dir`, whose nodes take the inodes from
+    /// `first` on.
+    fn contents_of(dir: Ino, first: Ino, count: u64) -> Builder {
+        Builder {
+            base: first,
+            nodes: Vec::with_capacity(usize::try_from(count).unwrap_or(0)),
+            dirs: Vec::new(),
+            top: Some((dir, Vec::new(), false)),
+            lazy: Vec::new(),
+        }
+    }
+
+    /// The inode the next node gets.
+    fn next_ino(&self) -> Ino {
+        self.base + self.nodes.len() as Ino
+    }
+
     /// Adds a node without listing it in its parent; the caller lists it with `set_children`.
     fn push_unlisted(&mut self, node: Node) -> Ino {
+        let ino = self.next_ino();
         if node.is_dir() {
-            self.dirs.push((self.nodes.len() as Ino + 1, false));
+            self.dirs.push((ino, false));
         }
         self.nodes.push(node);
-        self.nodes.len() as Ino
+        ino
     }
 
     /// Adds a node and lists it in its parent.
     fn push_node(&mut self, node: Node) -> Ino {
         let parent = node.parent;
         let ino = self.push_unlisted(node);
-        if let Content::Dir(children) = &mut self.nodes[(parent - 1) as usize].content {
-            children.push(ino);
+        match &mut self.top {
+            Some((top, children, _)) if *top == parent => children.push(ino),
+            _ => {
+                if let Content::Dir(children) = &mut self.node_mut(parent).content {
+                    children.push(ino);
+                }
+            }
         }
         ino
     }
@@ -54,50 +112,104 @@ impl Builder {
         self.push(parent, name.to_string(), Content::Dir(Vec::new()))
     }
 
+    /// Adds a directory whose contents are built when first used (`super::lazy`), with the
+    /// number of nodes they will be, and whether any of them is writable.
+    fn lazy_dir(
+        &mut self, parent: Ino, name: &str, kind: LazyKind, (count, writable): (u64, bool),
+    ) -> Ino {
+        let k = self.lazy.len();
+        let dir = self.push(parent, name.to_string(), Content::LazyDir(k));
+        self.lazy.push(Declared {
+            dir,
+            kind,
+            count,
+            writable,
+        });
+        dir
+    }
+
     fn text(&mut self, parent: Ino, name: &str, kind: TextKind) -> Ino {
         self.push(parent, name.to_string(), text(kind))
     }
 
     fn node_mut(&mut self, ino: Ino) -> &mut Node {
-        &mut self.nodes[(ino - 1) as usize]
+        &mut self.nodes[(ino - self.base) as usize]
     }
 
     /// Sets the children of `dir`, which the caller has put in name order.
     fn set_children(&mut self, dir: Ino, children: Vec<Ino>) {
+        if let Some((top, listed, ordered)) = &mut self.top {
+            if *top == dir {
+                *listed = children;
+                *ordered = true;
+                return;
+            }
+        }
         self.node_mut(dir).content = Content::Dir(children);
         if let Some(d) = self.dirs.iter_mut().rev().find(|(d, _)| *d == dir) {
             d.1 = true;
         }
     }
 
+    /// Sorts `children` by the names of nodes of this builder.
+    fn sort_by_name(&self, children: &mut [Ino]) {
+        let (base, nodes) = (self.base, &self.nodes);
+        children.sort_by(|a, b| {
+            nodes[(*a - base) as usize]
+                .name
+                .cmp(&nodes[(*b - base) as usize].name)
+        });
+    }
+
     /// Sorts the children of every directory by name, except those already in order.
-    fn finish(mut self, catalog: Arc<Catalog>, names: Option<Arc<NamedViews>>) -> Tree {
-        for &(dir, ordered) in &self.dirs {
-            let i = (dir - 1) as usize;
+    fn sort_dirs(&mut self) {
+        for k in 0..self.dirs.len() {
+            let (dir, ordered) = self.dirs[k];
             if ordered {
                 continue;
             }
-            let Content::Dir(children) = &mut self.nodes[i].content else {
+            let Content::Dir(children) = &mut self.node_mut(dir).content else {
                 continue;
             };
             let mut children = std::mem::take(children);
-            let nodes = &self.nodes;
-            children.sort_by(|a, b| {
-                nodes[(*a - 1) as usize]
-                    .name
-                    .cmp(&nodes[(*b - 1) as usize].name)
-            });
-            self.nodes[i].content = Content::Dir(children);
+            self.sort_by_name(&mut children);
+            self.node_mut(dir).content = Content::Dir(children);
         }
+    }
+
+    /// The eager tree, its lazy directories given the inodes after its own.
+    fn finish(mut self, catalog: Arc<Catalog>, names: Option<Arc<NamedViews>>) -> Tree {
+        self.sort_dirs();
+        let mut first = self.next_ino();
+        let lazy = self
+            .lazy
+            .iter()
+            .map(|d| {
+                let l = LazyDir::new(d.dir, first, d.count, d.writable, d.kind);
+                first = first.saturating_add(d.count);
+                l
+            })
+            .collect();
         Tree {
             model: catalog.model.clone(),
             catalog,
             names,
             nodes: self.nodes,
+            lazy,
             sharing: OnceLock::new(),
             texts: TextCache::new(super::TEXT_CACHE_BUDGET),
             sizes: OnceLock::new(),
         }
+    }
+
+    /// The nodes of a lazy directory and its children in name order.
+    fn finish_contents(mut self) -> (Vec<Node>, Vec<Ino>) {
+        self.sort_dirs();
+        let (_, mut children, ordered) = self.top.take().expect("a builder of contents");
+        if !ordered {
+            self.sort_by_name(&mut children);
+        }
+        (self.nodes, children)
     }
 }
 
@@ -241,11 +353,32 @@ fn add_weights(b: &mut Builder, dir: Ino, view: WeightsView) {
     b.node_mut(ino).write = Some(WriteTarget::Weights { view });
 }
 
-fn add_ptd(b: &mut Builder, model: &Model, names: &Names, root: Ino, file: FileIndex) {
+fn add_ptd(b: &mut Builder, model: &Model, root: Ino, file: FileIndex) {
     let ptd = model.ptd(file).expect("a .ptd");
     b.text(root, "header.json", TextKind::HeaderJson(file));
     b.text(root, "flat_tensor.json", TextKind::FlatTensorJson(file));
-    let nd_dir = b.dir(root, "named_data");
+    b.lazy_dir(
+        root,
+        "named_data",
+        LazyKind::PtdNamedData(file),
+        ptd_named_count(model, file),
+    );
+    add_segments(b, root, file, &ptd.segments);
+    // A data file attached to a program shows exactly what a mount of it alone shows; the
+    // program's root shows every file.
+    let view = if file == 0 {
+        WeightsView::Root
+    } else {
+        WeightsView::File(file)
+    };
+    add_weights(b, root, view);
+}
+
+/// The contents of `named_data/` of data file `file`: each entry's `.json`, and its `.bin`
+/// (with `.npy` and `.hist.svg` for a tensor) when its bytes are at hand.
+pub(super) fn fill_ptd_named(
+    b: &mut Builder, model: &Model, names: &Names, nd_dir: Ino, file: FileIndex,
+) {
     let nd_names = &names.named_data[file];
     for (k, blob) in model.ptd_blobs[file].iter().flatten().enumerate() {
         let base = &nd_names[k];
@@ -276,22 +409,45 @@ fn add_ptd(b: &mut Builder, model: &Model, names: &Names, root: Ino, file: FileI
             }
         }
     }
-    add_segments(b, root, file, &ptd.segments);
-    // A data file attached to a program shows exactly what a mount of it alone shows; the
-    // program's root shows every file.
-    let view = if file == 0 {
-        WeightsView::Root
-    } else {
-        WeightsView::File(file)
-    };
-    add_weights(b, root, view);
 }
 
-/// `plans/<name>/values/`: every value's `.json`, and the `.bin` and `.npy` of tensors whose
-/// bytes are at hand. Inodes follow the values' order; the listing is in name order, built
-/// without comparing names.
-fn add_values(b: &mut Builder, plan_dir: Ino, p: usize, tensors: &[Option<Box<TensorData>>]) {
-    let values = b.dir(plan_dir, "values");
+/// The nodes of `named_data/` of data file `file`, and whether one is writable.
+fn ptd_named_count(model: &Model, file: FileIndex) -> (u64, bool) {
+    let mut n = 0;
+    let mut writable = false;
+    for blob in model.ptd_blobs[file].iter().flatten() {
+        n += 1;
+        if blob.location.is_ok() {
+            writable = true;
+            n += 1 + blob
+                .tensor
+                .as_deref()
+                .map_or(0, |t| u64::from(has_npy(t)) + u64::from(has_hist(t)));
+        }
+    }
+    (n, writable)
+}
+
+/// The nodes of `plans/<name>/values/` of `tensors`, and whether one is writable.
+fn values_count(tensors: &[Option<Box<TensorData>>]) -> (u64, bool) {
+    let mut n = 0;
+    let mut writable = false;
+    for t in tensors {
+        n += 1;
+        if let Some(t) = t.as_ref().filter(|t| t.location.is_some()) {
+            writable = true;
+            n += 1 + u64::from(has_npy(&t.shape)) + u64::from(has_hist(&t.shape));
+        }
+    }
+    (n, writable)
+}
+
+/// The contents of `plans/<name>/values/`: every value's `.json`, and the `.bin` and `.npy`
+/// of tensors whose bytes are at hand. Inodes follow the values' order; the listing is in
+/// name order, built without comparing names.
+pub(super) fn fill_values(
+    b: &mut Builder, values: Ino, p: usize, tensors: &[Option<Box<TensorData>>],
+) {
     // Per value, the inode of its `.json`; its `.bin`, `.npy` and `.hist.svg`, when it has
     // them, follow in that order (a `.hist.svg` only after a `.npy`).
     let mut first = Vec::with_capacity(tensors.len() + 1);
@@ -311,7 +467,7 @@ fn add_values(b: &mut Builder, plan_dir: Ino, p: usize, tensors: &[Option<Box<Te
             }
         }
     }
-    let end = b.nodes.len() as Ino + 1;
+    let end = b.next_ino();
     first.push(end);
     let mut children = Vec::with_capacity((end - first[0]) as usize);
     for i in decimal_order(tensors.len()) {
@@ -429,7 +585,18 @@ fn add_payload(
     b.text(dir, "graph.json", TextKind::PayloadGraphJson(p, j));
     b.text(dir, "graph.txt", TextKind::PayloadGraphTxt(p, j));
     b.text(dir, "graph.dot", TextKind::PayloadGraphDot(p, j));
-    let values = b.dir(dir, "values");
+    b.lazy_dir(
+        dir,
+        "values",
+        LazyKind::PayloadValues(p, j),
+        payload_values_count(model, dec),
+    );
+}
+
+/// The contents of `delegates/<j>/<backend>/values/` of a decoded payload.
+pub(super) fn fill_payload_values(
+    b: &mut Builder, model: &Model, values: Ino, p: usize, j: usize, dec: &Decoded,
+) {
     for k in 0..dec.payload.value_count() {
         for n in payload_value_nodes(model, dec, values, p, j, k) {
             b.push_node(n);
@@ -455,7 +622,12 @@ fn add_pte(
         b.text(plan_dir, "operators.txt", TextKind::Operators(p));
         b.text(plan_dir, "instructions.txt", TextKind::Instructions(p));
         b.text(plan_dir, "graph.dot", TextKind::PlanGraphDot(p));
-        add_values(b, plan_dir, p, &layout.plans[p].tensors);
+        b.lazy_dir(
+            plan_dir,
+            "values",
+            LazyKind::Values(p),
+            values_count(&layout.plans[p].tensors),
+        );
         let delegates_dir = b.dir(plan_dir, "delegates");
         for (j, loc) in layout.plans[p].delegates.iter().enumerate() {
             let d = b.dir(delegates_dir, &j.to_string());
@@ -473,7 +645,31 @@ fn add_pte(
             }
         }
     }
-    let nd_dir = b.dir(root, "named_data");
+    let named = &layout.named_data;
+    let count = named.len() as u64 + named.iter().filter(|l| l.is_ok()).count() as u64;
+    let writable = named.iter().any(|l| l.is_ok());
+    b.lazy_dir(
+        root,
+        "named_data",
+        LazyKind::PteNamedData,
+        (count, writable),
+    );
+    add_segments(b, root, 0, &pte.segments);
+    add_weights(b, root, WeightsView::Root);
+    if model.files.len() > 1 {
+        let data = b.dir(root, "data");
+        for (k, name) in names.data.iter().enumerate() {
+            let sub = b.dir(data, name);
+            add_ptd(b, model, sub, k + 1);
+        }
+    }
+    decoded_dirs
+}
+
+/// The contents of a program's `named_data/`: each entry's `.json`, and its `.bin` when its
+/// bytes are at hand.
+pub(super) fn fill_pte_named(b: &mut Builder, model: &Model, names: &Names, nd_dir: Ino) {
+    let layout = model.pte_layout.as_ref().expect("a resolved .pte");
     let nd_names = &names.named_data[0];
     for (k, loc) in layout.named_data.iter().enumerate() {
         b.push(
@@ -494,22 +690,24 @@ fn add_pte(
             });
         }
     }
-    add_segments(b, root, 0, &pte.segments);
-    add_weights(b, root, WeightsView::Root);
-    if model.files.len() > 1 {
-        let data = b.dir(root, "data");
-        for (k, name) in names.data.iter().enumerate() {
-            let sub = b.dir(data, name);
-            add_ptd(b, model, names, sub, k + 1);
-        }
-    }
-    decoded_dirs
 }
 
 /// `names/` and `names.safetensors` at the root (docs/tree.md#named-views): every name of
 /// the map has a `.json`; a shown one also its `.npy` and `.hist.svg`.
 fn add_names(b: &mut Builder, views: &NamedViews) {
-    let dir = b.dir(ROOT, "names");
+    let shown = views.names.iter().filter(|n| n.shown.is_some()).count() as u64;
+    let count = views.names.len() as u64 + 2 * shown;
+    b.lazy_dir(ROOT, "names", LazyKind::Names, (count, shown > 0));
+    let ino = b.push(
+        ROOT,
+        "names.safetensors".to_string(),
+        Content::Named(NamedFile::Safetensors),
+    );
+    b.node_mut(ino).write = Some(WriteTarget::NamesSafetensors);
+}
+
+/// The contents of `names/`.
+pub(super) fn fill_names(b: &mut Builder, views: &NamedViews, dir: Ino) {
     for (i, n) in views.names.iter().enumerate() {
         b.text(dir, &file_name(&n.base, ".json"), TextKind::NameJson(i));
         if n.shown.is_some() {
@@ -522,12 +720,6 @@ fn add_names(b: &mut Builder, views: &NamedViews) {
             b.push_node(hist_node(dir, &n.base, HistOf::Name(i)));
         }
     }
-    let ino = b.push(
-        ROOT,
-        "names.safetensors".to_string(),
-        Content::Named(NamedFile::Safetensors),
-    );
-    b.node_mut(ino).write = Some(WriteTarget::NamesSafetensors);
 }
 
 /// The nodes `add_names` makes for the names of `map`.
@@ -544,10 +736,10 @@ pub fn node_count(model: &Model) -> u64 {
     node_count_with(model, &Payloads::decode(model))
 }
 
-/// The nodes `add_payload` makes for a decoded payload.
-fn payload_node_count(model: &Model, dec: &Decoded) -> u64 {
-    // <backend>/, header.json, graph.json, graph.txt, graph.dot, values/
-    let mut n = 6;
+/// The nodes of `<backend>/values/` of a decoded payload, and whether one is writable.
+fn payload_values_count(model: &Model, dec: &Decoded) -> (u64, bool) {
+    let mut n = 0;
+    let mut writable = false;
     let payload = &*dec.payload;
     for k in 0..payload.value_count() {
         n += 1;
@@ -557,6 +749,7 @@ fn payload_node_count(model: &Model, dec: &Decoded) -> u64 {
         let Some(location) = dec.locate(model, &constant.bytes) else {
             continue;
         };
+        writable = true;
         n += 1;
         n += u64::from(
             constant
@@ -566,7 +759,7 @@ fn payload_node_count(model: &Model, dec: &Decoded) -> u64 {
         n += u64::from(dec.value_view(model, k).is_some_and(|v| v.backed()));
         n += u64::from(dec.float_view(model, k).is_some_and(|v| v.backed()));
     }
-    n
+    (n, writable)
 }
 
 /// `node_count` with the payloads already decoded.
@@ -576,20 +769,8 @@ pub fn node_count_with(model: &Model, payloads: &Payloads) -> u64 {
         Kind::Pte(p) => p.segments.len() as u64,
         Kind::Ptd(p) => p.segments.len() as u64,
     };
-    let ptd = |f: FileIndex| -> u64 {
-        // header.json, flat_tensor.json, named_data/, segments/, weights.safetensors
-        let mut n = 5 + segments(&model.files[f]);
-        for blob in model.ptd_blobs[f].iter().flatten() {
-            n += 1;
-            if blob.location.is_ok() {
-                n += 1 + blob
-                    .tensor
-                    .as_deref()
-                    .map_or(0, |t| u64::from(has_npy(t)) + u64::from(has_hist(t)));
-            }
-        }
-        n
-    };
+    // header.json, flat_tensor.json, named_data/, segments/, weights.safetensors
+    let ptd = |f: FileIndex| 5 + segments(&model.files[f]) + ptd_named_count(model, f).0;
     match (&model.files[0].kind, &model.pte_layout) {
         (Kind::Pte(_), Some(layout)) => {
             // header.json, program.json, plans/, named_data/, segments/, weights.safetensors
@@ -597,19 +778,14 @@ pub fn node_count_with(model: &Model, payloads: &Payloads) -> u64 {
             for plan in &layout.plans {
                 // the directory, plan.json, operators.txt, instructions.txt, graph.dot,
                 // values/, delegates/
-                n += 7;
-                for t in &plan.tensors {
-                    n += 1;
-                    if let Some(t) = t.as_ref().filter(|t| t.location.is_some()) {
-                        n += 1 + u64::from(has_npy(&t.shape)) + u64::from(has_hist(&t.shape));
-                    }
-                }
+                n += 7 + values_count(&plan.tensors).0;
                 for d in &plan.delegates {
                     n += 2 + u64::from(d.is_ok());
                 }
             }
             for ((_, _), dec) in payloads.iter() {
-                n += payload_node_count(model, dec);
+                // <backend>/, header.json, graph.json, graph.txt, graph.dot, values/
+                n += 6 + payload_values_count(model, dec).0;
             }
             for loc in &layout.named_data {
                 n += 1 + u64::from(loc.is_ok());
@@ -677,19 +853,7 @@ impl Tree {
     /// the same catalog).
     pub fn of_named(catalog: Arc<Catalog>, views: Option<Arc<NamedViews>>) -> Tree {
         let model = &*catalog.model;
-        let count = node_count_with(model, &catalog.payloads)
-            + views.as_ref().map_or(0, |v| names_node_count(&v.map));
-        let mut nodes = Vec::with_capacity(usize::try_from(count).unwrap_or(0));
-        nodes.push(Node {
-            name: String::new(),
-            parent: ROOT,
-            content: Content::Dir(Vec::new()),
-            write: None,
-        });
-        let mut b = Builder {
-            nodes,
-            dirs: vec![(ROOT, false)],
-        };
+        let mut b = Builder::eager(64);
         let (names, payloads) = (&catalog.names, &catalog.payloads);
         b.text(ROOT, "sizes.txt", TextKind::SizesTxt);
         b.text(ROOT, "sizes.json", TextKind::SizesJson);
@@ -702,18 +866,39 @@ impl Tree {
                 }
             }
             Kind::Ptd(_) => {
-                add_ptd(&mut b, model, names, ROOT, 0);
+                add_ptd(&mut b, model, ROOT, 0);
             }
         }
         if let Some(views) = &views {
             add_names(&mut b, views);
         }
-        debug_assert_eq!(
-            b.nodes.len() as u64,
-            count,
-            "node_count and the builder differ"
-        );
         b.finish(catalog, views)
+    }
+
+    /// The nodes and the listing of lazy directory `dir` (`super::lazy`).
+    pub(super) fn fill_lazy(&self, dir: &LazyDir) -> (Vec<Node>, Vec<Ino>) {
+        let model = &*self.model;
+        let names = &self.catalog.names;
+        let mut b = Builder::contents_of(dir.dir, dir.first, dir.count);
+        match dir.kind {
+            LazyKind::Values(p) => {
+                let layout = model.pte_layout.as_ref().expect("a resolved .pte");
+                fill_values(&mut b, dir.dir, p, &layout.plans[p].tensors);
+            }
+            LazyKind::PteNamedData => fill_pte_named(&mut b, model, names, dir.dir),
+            LazyKind::PtdNamedData(file) => fill_ptd_named(&mut b, model, names, dir.dir, file),
+            LazyKind::PayloadValues(p, j) => {
+                if let Some(dec) = self.catalog.payloads.get(p, j) {
+                    fill_payload_values(&mut b, model, dir.dir, p, j, dec);
+                }
+            }
+            LazyKind::Names => {
+                if let Some(views) = &self.names {
+                    fill_names(&mut b, views, dir.dir);
+                }
+            }
+        }
+        b.finish_contents()
     }
 }
 

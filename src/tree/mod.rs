@@ -1,7 +1,8 @@
 //! The virtual tree of docs/tree.md, built from parsed files.
 //!
-//! Invariants: inode numbers are positions in `nodes` plus one (the root is 1), assigned in
-//! a deterministic walk of the file, so the same file always gets the same numbers; every
+//! Invariants: inode numbers are positions in `nodes` plus one (the root is 1) for the nodes
+//! built with the tree, then the ranges of the lazy directories (`lazy`), all assigned in a
+//! deterministic walk of the file, so the same file always gets the same numbers; every
 //! directory's children are sorted by name and unique; every byte range a node points at lies
 //! inside its file (it came from `format::layout`). Generated text is rendered on use and
 //! kept in a cache of fixed size (`cache`); its length, once known, stays in the node.
@@ -10,6 +11,7 @@ pub mod build;
 pub mod cache;
 pub mod dot;
 pub mod hist;
+pub mod lazy;
 pub mod render;
 pub mod sharing;
 
@@ -89,6 +91,9 @@ pub enum NamedFile {
 #[derive(Debug)]
 pub enum Content {
     Dir(Vec<Ino>),
+    /// A directory whose contents are built when first used: lazy directory k of the tree
+    /// (`lazy`).
+    LazyDir(usize),
     /// Bytes of a range of a backing file.
     Range(Location),
     /// A `.npy`: a generated header followed by the bytes of a range.
@@ -129,7 +134,7 @@ pub struct Node {
 
 impl Node {
     pub fn is_dir(&self) -> bool {
-        matches!(self.content, Content::Dir(_))
+        matches!(self.content, Content::Dir(_) | Content::LazyDir(_))
     }
 }
 
@@ -140,7 +145,10 @@ pub struct Tree {
     pub model: Arc<Model>,
     /// The names a map gives the stored tensors (`--names`), resolved against the catalog.
     pub names: Option<Arc<NamedViews>>,
-    pub nodes: Vec<Node>,
+    /// The nodes built with the tree: inodes 1 to `nodes.len()`.
+    nodes: Vec<Node>,
+    /// The directories built when first used, in inode order, after `nodes`.
+    lazy: Vec<lazy::LazyDir>,
     /// Paths that show each shared byte range, for `aliases` and `user.ptefs.shared`; built
     /// on first use.
     sharing: OnceLock<SharingIndex>,
@@ -154,12 +162,34 @@ pub struct Tree {
 impl Tree {
     pub fn node(&self, ino: Ino) -> Option<&Node> {
         let i = usize::try_from(ino.checked_sub(1)?).ok()?;
-        self.nodes.get(i)
+        if let Some(node) = self.nodes.get(i) {
+            return Some(node);
+        }
+        self.lazy_holding(ino)?.node(self, ino)
     }
 
+    /// The lazy directory whose range holds `ino`.
+    fn lazy_holding(&self, ino: Ino) -> Option<&lazy::LazyDir> {
+        let k = self
+            .lazy
+            .partition_point(|d| d.first <= ino)
+            .checked_sub(1)?;
+        self.lazy.get(k).filter(|d| d.holds(ino))
+    }
+
+    /// The lazy directory `ino` is, if it is one.
+    pub fn lazy_dir(&self, ino: Ino) -> Option<&lazy::LazyDir> {
+        match self.node(ino)?.content {
+            Content::LazyDir(k) => self.lazy.get(k),
+            _ => None,
+        }
+    }
+
+    /// The listing of directory `ino` in name order (a lazy directory is built for it).
     pub fn children(&self, ino: Ino) -> Option<&[Ino]> {
         match &self.node(ino)?.content {
             Content::Dir(children) => Some(children),
+            Content::LazyDir(k) => Some(self.lazy.get(*k)?.children(self)),
             _ => None,
         }
     }
@@ -167,9 +197,70 @@ impl Tree {
     pub fn lookup(&self, parent: Ino, name: &str) -> Option<Ino> {
         let children = self.children(parent)?;
         children
-            .binary_search_by(|&c| self.nodes[(c - 1) as usize].name.as_str().cmp(name))
+            .binary_search_by(|&c| self.node(c).map_or("", |n| n.name.as_str()).cmp(name))
             .ok()
             .map(|i| children[i])
+    }
+
+    /// How many nodes the tree has, built or not.
+    pub fn node_count(&self) -> u64 {
+        self.nodes.len() as u64 + self.lazy.iter().map(|d| d.count).sum::<u64>()
+    }
+
+    /// Every node with its inode, in inode order; every lazy directory is built for it.
+    pub fn nodes(&self) -> impl Iterator<Item = (Ino, &Node)> {
+        let eager = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (i as Ino + 1, n));
+        eager.chain(self.lazy.iter().flat_map(move |d| {
+            d.children(self);
+            d.built()
+        }))
+    }
+
+    /// The nodes built so far with their inodes, in inode order: the only ones the kernel
+    /// can have been told of.
+    pub fn built_nodes(&self) -> impl Iterator<Item = (Ino, &Node)> {
+        let eager = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (i as Ino + 1, n));
+        eager.chain(self.lazy.iter().flat_map(|d| d.built()))
+    }
+
+    /// `(parent, name)` of every built node but the root: the names the kernel may hold.
+    pub fn built_entries(&self) -> Vec<(Ino, String)> {
+        self.built_nodes()
+            .skip(1)
+            .map(|(_, n)| (n.parent, n.name.clone()))
+            .collect()
+    }
+
+    /// Whether `other` gives every inode number `self` has shown the same name, parent and
+    /// kind (lazy directories `self` never built have shown nothing; the same ranges are
+    /// enough for them).
+    pub fn same_shape(&self, other: &Tree) -> bool {
+        let same = |x: &Node, y: &Node| {
+            x.parent == y.parent && x.is_dir() == y.is_dir() && x.name == y.name
+        };
+        self.nodes.len() == other.nodes.len()
+            && self.nodes.iter().zip(&other.nodes).all(|(x, y)| same(x, y))
+            && self.lazy.len() == other.lazy.len()
+            && self.lazy.iter().zip(&other.lazy).all(|(x, y)| {
+                (x.dir, x.first, x.count, x.kind) == (y.dir, y.first, y.count, y.kind)
+                    && (!x.is_built() || {
+                        y.children(other);
+                        x.built().zip(y.built()).all(|((_, a), (_, b))| same(a, b))
+                    })
+            })
+    }
+
+    /// The inodes of `built_nodes`.
+    pub fn built_inodes(&self) -> Vec<Ino> {
+        self.built_nodes().map(|(ino, _)| ino).collect()
     }
 
     /// Finds a slash-separated path from the root ("" or "/" is the root).

@@ -53,12 +53,11 @@ impl SharingIndex {
     /// Indexes every value and named-data entry of `tree` that has bytes.
     pub fn build(tree: &Tree) -> SharingIndex {
         let mut all: Vec<(Location, Sharer)> = Vec::new();
-        for (i, node) in tree.nodes.iter().enumerate() {
+        for (json, node) in tree.nodes() {
             let Content::Text { kind, .. } = &node.content else {
                 continue;
             };
             if let Some((location, identity)) = located(tree, *kind) {
-                let json = i as Ino + 1;
                 all.push((location, Sharer { json, identity }));
             }
         }

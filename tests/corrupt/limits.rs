@@ -82,7 +82,7 @@ fn many_plans_render_in_linear_time() {
     let file = ModelFile::from_bytes(Path::new("plans.pte"), bytes).unwrap();
     let tree = Tree::build(Arc::new(Model::from_files(vec![file]).unwrap()));
     let mut rendered = 0;
-    for ino in 1..=tree.nodes.len() as u64 {
+    for ino in 1..=tree.node_count() {
         if let ptefs::tree::Content::Text { .. } = tree.node(ino).unwrap().content {
             rendered += tree.text(ino).unwrap().len();
         }
