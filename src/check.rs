@@ -480,7 +480,7 @@ fn external_key(plan: &pte_fb::ExecutionPlanT, i: usize) -> Option<&str> {
 /// Keys the program reads from data files that no file at hand has: the names of EXTERNAL
 /// tensors not found, then the named data decoded delegate payloads read, each once, in
 /// program order.
-pub fn missing_keys(model: &Model) -> Vec<String> {
+pub fn missing_keys(model: &Model, payloads: &Payloads) -> Vec<String> {
     let (Some(pte), Some(layout)) = (model.pte(), &model.pte_layout) else {
         return Vec::new();
     };
@@ -503,7 +503,7 @@ pub fn missing_keys(model: &Model) -> Vec<String> {
             }
         }
     }
-    for (_, dec) in Payloads::decode(model).iter() {
+    for (_, dec) in payloads.iter() {
         for b in dec.payload.blobs() {
             if let BlobRef::Named { key, .. } = &b.bytes {
                 if model.named_blob(key).is_none() {
@@ -531,7 +531,12 @@ const BESIDE_LOOKED_AT: usize = 16;
 /// the others by name, at most `BESIDE_LOOKED_AT` of them; a file is named when it has a key
 /// that the files named before it lack.
 pub fn data_beside(model: &Model) -> Option<String> {
-    let missing = missing_keys(model);
+    data_beside_with(model, &Payloads::decode(model))
+}
+
+/// `data_beside` with the payloads already decoded.
+pub fn data_beside_with(model: &Model, payloads: &Payloads) -> Option<String> {
+    let missing = missing_keys(model, payloads);
     if missing.is_empty() {
         return None;
     }
@@ -554,12 +559,9 @@ pub fn data_beside(model: &Model) -> Option<String> {
         if remaining.is_empty() {
             break;
         }
-        let Some(file) = open_beside(dir, dir_path, name, owner) else {
+        let Some(file) = open_beside(dir, dir_path, name, owner, &attached) else {
             continue;
         };
-        if file.identity.is_some_and(|id| attached.contains(&id)) {
-            continue;
-        }
         let Kind::Ptd(ptd) = &file.kind else {
             continue;
         };
@@ -606,7 +608,12 @@ pub fn data_beside(model: &Model) -> Option<String> {
 
 /// `name` in `dir` (known as `dir_path`), parsed, if it is a regular file of `owner` that
 /// others cannot write; opened without following a link and without blocking.
-fn open_beside(dir: &File, dir_path: &Path, name: &OsStr, owner: u32) -> Option<ModelFile> {
+/// Opens and parses `name` in `dir`, unless it is not a regular file of `owner` that only
+/// its owner may write, or is one of the files `attached` (by device and inode), which is
+/// skipped before it is parsed.
+fn open_beside(
+    dir: &File, dir_path: &Path, name: &OsStr, owner: u32, attached: &HashSet<(u64, u64)>,
+) -> Option<ModelFile> {
     let c = CString::new(name.as_bytes()).ok()?;
     let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
     // SAFETY: a valid directory descriptor and C string.
@@ -618,6 +625,9 @@ fn open_beside(dir: &File, dir_path: &Path, name: &OsStr, owner: u32) -> Option<
     let file = unsafe { File::from_raw_fd(fd) };
     let meta = file.metadata().ok()?;
     if !meta.is_file() || meta.uid() != owner || meta.mode() & 0o002 != 0 {
+        return None;
+    }
+    if attached.contains(&(meta.dev(), meta.ino())) {
         return None;
     }
     ModelFile::from_file(dir_path.join(name), file, false).ok()

@@ -213,7 +213,7 @@ fn warnings(tree: &Tree) -> serve::Warnings {
             defects.truncate(WARNINGS_SHOWN);
             defects.push(format!("… and {more} more: `ptefs check` lists them all"));
         }
-        defects.extend(crate::check::data_beside(model));
+        defects.extend(crate::check::data_beside_with(model, &catalog.payloads));
         defects
     })
 }
