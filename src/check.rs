@@ -607,10 +607,8 @@ pub fn data_beside_with(model: &Model, payloads: &Payloads) -> Option<String> {
 }
 
 /// `name` in `dir` (known as `dir_path`), parsed, if it is a regular file of `owner` that
-/// others cannot write; opened without following a link and without blocking.
-/// Opens and parses `name` in `dir`, unless it is not a regular file of `owner` that only
-/// its owner may write, or is one of the files `attached` (by device and inode), which is
-/// skipped before it is parsed.
+/// others cannot write and not one of the files `attached` (by device and inode; skipped
+/// before it is parsed); opened without following a link and without blocking.
 fn open_beside(
     dir: &File, dir_path: &Path, name: &OsStr, owner: u32, attached: &HashSet<(u64, u64)>,
 ) -> Option<ModelFile> {

@@ -251,10 +251,16 @@ impl Fs {
     /// Replaces the snapshot after a commit.
     fn replace_tree(&self, tree: Tree) {
         self.watcher.now_open(&tree.model);
+        // Directories the old snapshot built are built in the new one, so that what a later
+        // commit invalidates covers the inodes the kernel holds: before the swap, and again
+        // after it for a directory a request built in between.
+        tree.adopt_built(&self.tree());
+        let new = Arc::new(tree);
         let old = std::mem::replace(
             &mut *self.tree.write().unwrap_or_else(|e| e.into_inner()),
-            Arc::new(tree),
+            new.clone(),
         );
+        new.adopt_built(&old);
         self.refresh_identity();
         // Unmapping a large file frees its page tables, which takes a quarter of a second
         // per GiB: do it off the request path. (Should the thread not start, the closure is

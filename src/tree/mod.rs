@@ -21,6 +21,7 @@ use std::sync::{Arc, OnceLock};
 use crate::backend::FloatView;
 use crate::catalog::{Catalog, WeightsFile};
 use crate::format::layout::{FileIndex, Location, TensorShape};
+use crate::format::sharing::TensorId;
 use crate::format::target::WeightsView;
 use crate::format::{Model, WriteTarget};
 use crate::names::NamedViews;
@@ -231,6 +232,20 @@ impl Tree {
         eager.chain(self.lazy.iter().flat_map(|d| d.built()))
     }
 
+    /// Builds every lazy directory `old` built whose range this tree gives the same
+    /// directory: the kernel may hold their inodes, and what invalidates a snapshot's inodes
+    /// covers only the nodes it built. (A directory whose range moved is another shape, and
+    /// replacing a tree of another shape invalidates everything `old` built.)
+    pub fn adopt_built(&self, old: &Tree) {
+        for (x, y) in old.lazy.iter().zip(&self.lazy) {
+            if x.is_built()
+                && (x.dir, x.first, x.count, x.kind) == (y.dir, y.first, y.count, y.kind)
+            {
+                y.children(self);
+            }
+        }
+    }
+
     /// `(parent, name)` of every built node but the root: the names the kernel may hold.
     pub fn built_entries(&self) -> Vec<(Ino, String)> {
         self.built_nodes()
@@ -253,7 +268,10 @@ impl Tree {
                 (x.dir, x.first, x.count, x.kind) == (y.dir, y.first, y.count, y.kind)
                     && (!x.is_built() || {
                         y.children(other);
-                        x.built().zip(y.built()).all(|((_, a), (_, b))| same(a, b))
+                        // A directory shown empty (contents that missed their count) is
+                        // another shape.
+                        y.built().count() as u64 == y.count
+                            && x.built().zip(y.built()).all(|((_, a), (_, b))| same(a, b))
                     })
             })
     }
@@ -408,6 +426,37 @@ impl Tree {
         path
     }
 
+    /// The tree path of tensor `id` (`plans/forward/values/3`, `data/w/named_data/lin.weight`),
+    /// from the catalog's names, without building its directory.
+    pub fn tensor_path(&self, id: TensorId) -> String {
+        let names = &self.catalog.names;
+        match id {
+            TensorId::Value { plan, index } => {
+                let plan = names.plans.get(plan as usize).map_or("", String::as_str);
+                format!("plans/{plan}/values/{index}")
+            }
+            TensorId::Key { file, index } => {
+                let key = names
+                    .named_data
+                    .get(file as usize)
+                    .and_then(|k| k.get(index as usize))
+                    .map_or("", String::as_str);
+                match file.checked_sub(1).and_then(|d| names.data.get(d as usize)) {
+                    Some(stem) => format!("data/{stem}/named_data/{key}"),
+                    None => format!("named_data/{key}"),
+                }
+            }
+        }
+    }
+
+    /// The tensor a value's or a named-data entry's `.json` (`json`) describes.
+    pub fn tensor_of_json(&self, json: Ino) -> Option<TensorId> {
+        match self.node(json)?.content {
+            Content::Text { kind, .. } => sharing::tensor_of(kind),
+            _ => None,
+        }
+    }
+
     /// The `.json` of a `.bin` or `.npy` of a value or a named-data entry: the sibling with
     /// the same base name.
     fn json_of(&self, ino: Ino) -> Option<Ino> {
@@ -435,8 +484,8 @@ impl Tree {
             Some(Content::Range(l) | Content::Npy { location: l, .. }) => *l,
             _ => return Shared::default(),
         };
-        match self.json_of(ino) {
-            Some(json) => self.sharing().others(&location, json),
+        match self.json_of(ino).and_then(|json| self.tensor_of_json(json)) {
+            Some(id) => self.sharing().others(&location, id),
             None => Shared::default(),
         }
     }
@@ -593,7 +642,7 @@ impl Tree {
             }
             out.push_str(relation.as_str());
             out.push(':');
-            for c in self.sharer_path(s.json).chars() {
+            for c in self.tensor_path(s.id).chars() {
                 match c {
                     ',' | ' ' | '\u{0}'..='\u{1f}' | '\u{7f}' => {
                         out.push_str(&format!("%{:02X}", c as u32))

@@ -1090,12 +1090,15 @@ fn location_fields(model: &Model, m: &mut Map<String, Value>, loc: Option<Locati
 /// `aliases` and `aliases_total` (docs/tree.md#shared-bytes): the first paths that show the
 /// same bytes, with their relation to this one, and how many there are in all.
 fn alias_fields(tree: &Tree, m: &mut Map<String, Value>, loc: Option<Location>, json: Ino) {
-    let shared = loc.map_or_else(Shared::default, |l| tree.sharing().others(&l, json));
+    let shared = match (loc, tree.tensor_of_json(json)) {
+        (Some(l), Some(id)) => tree.sharing().others(&l, id),
+        _ => Shared::default(),
+    };
     let listed: Vec<Value> = shared
         .listed
         .iter()
         .map(|(s, relation)| {
-            json!({ "path": tree.sharer_path(s.json), "relation": relation.as_str() })
+            json!({ "path": tree.tensor_path(s.id), "relation": relation.as_str() })
         })
         .collect();
     m.insert("aliases".into(), Value::Array(listed));

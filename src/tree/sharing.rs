@@ -11,16 +11,17 @@
 //! named data and the named data of every `.ptd` (`…named_data/<key>`); `segments/<n>` and
 //! delegate payloads are views of whole segments and are not listed.
 //!
-//! Cost: building is one pass over the nodes plus a sort of the located ones (hash-free,
-//! `O(n log n)`, 48 bytes per located tensor while it runs); only ranges shown by two or more
-//! paths are kept. Listing the first [`LISTED`] others of a path costs `O(LISTED)` whatever
-//! the number of sharers; finding a path's own entry is a binary search.
+//! Cost: building is one pass over the model's tables (not the tree's nodes, so no lazy
+//! directory is built for it) plus a sort of the located tensors (hash-free, `O(n log n)`,
+//! 48 bytes per located tensor while it runs); only ranges shown by two or more paths are
+//! kept. Listing the first [`LISTED`] others of a path costs `O(LISTED)` whatever the number
+//! of sharers; finding a path's own entry is a binary search.
 
 use std::collections::HashMap;
 
-use super::{Content, Ino, TextKind, Tree};
+use super::{TextKind, Tree};
 use crate::format::layout::Location;
-use crate::format::sharing::{locate, TensorId};
+use crate::format::sharing::{all_tensors, locate, TensorId};
 pub use crate::format::sharing::{relation, Identity, Relation};
 
 /// How many other paths a `.json` (`aliases`) and the `user.ptefs.shared` xattr list.
@@ -29,13 +30,13 @@ pub const LISTED: usize = 16;
 /// One path that shows a shared byte range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sharer {
-    /// The path's `.json` node (`values/<i>.json`, `named_data/<key>.json`); the path itself
-    /// is that node's path without `.json` ([`Tree::sharer_path`]).
-    pub json: Ino,
+    /// The tensor the path shows (`values/<i>`, `named_data/<key>`; [`Tree::tensor_path`]).
+    pub id: TensorId,
     pub identity: Identity,
 }
 
-/// The paths showing each byte range shown more than once, in tree (inode) order.
+/// The paths showing each byte range shown more than once, in tree order (the plans' values,
+/// then the named data of each file: the order of `TensorId`).
 #[derive(Debug, Default)]
 pub struct SharingIndex {
     groups: HashMap<Location, Box<[Sharer]>>,
@@ -52,16 +53,13 @@ pub struct Shared {
 impl SharingIndex {
     /// Indexes every value and named-data entry of `tree` that has bytes.
     pub fn build(tree: &Tree) -> SharingIndex {
-        let mut all: Vec<(Location, Sharer)> = Vec::new();
-        for (json, node) in tree.nodes() {
-            let Content::Text { kind, .. } = &node.content else {
-                continue;
-            };
-            if let Some((location, identity)) = located(tree, *kind) {
-                all.push((location, Sharer { json, identity }));
-            }
-        }
-        // Stable: each range's sharers stay in inode order.
+        let mut all: Vec<(Location, Sharer)> = all_tensors(&tree.model)
+            .filter_map(|id| {
+                let (location, identity) = locate(&tree.model, id)?;
+                Some((location, Sharer { id, identity }))
+            })
+            .collect();
+        // Stable: each range's sharers stay in `TensorId` order, as `all_tensors` gives them.
         all.sort_by_key(|(l, _)| (l.file, l.range.start(), l.range.len()));
         let mut groups = HashMap::new();
         let mut rest = all.as_slice();
@@ -80,25 +78,25 @@ impl SharingIndex {
         self.groups.get(location).map_or(&[], |g| g)
     }
 
-    /// The entry of the path whose `.json` is `json`, among those showing `location`.
-    pub fn sharer(&self, location: &Location, json: Ino) -> Option<Sharer> {
+    /// The entry of tensor `id`, among those showing `location`.
+    pub fn sharer(&self, location: &Location, id: TensorId) -> Option<Sharer> {
         let group = self.sharers(location);
         group
-            .binary_search_by_key(&json, |s| s.json)
+            .binary_search_by_key(&id, |s| s.id)
             .ok()
             .map(|i| group[i])
     }
 
-    /// The first [`LISTED`] paths other than `json`'s that show `location`, with their
-    /// relation to it, and their number. Empty when `json` is not among them.
-    pub fn others(&self, location: &Location, json: Ino) -> Shared {
-        let Some(own) = self.sharer(location, json) else {
+    /// The first [`LISTED`] paths other than `id`'s that show `location`, with their
+    /// relation to it, and their number. Empty when `id` is not among them.
+    pub fn others(&self, location: &Location, id: TensorId) -> Shared {
+        let Some(own) = self.sharer(location, id) else {
             return Shared::default();
         };
         let group = self.sharers(location);
         let listed = group
             .iter()
-            .filter(|s| s.json != json)
+            .filter(|s| s.id != id)
             .take(LISTED)
             .map(|s| (*s, relation(own.identity, s.identity)))
             .collect();
@@ -108,15 +106,15 @@ impl SharingIndex {
         }
     }
 
-    /// Whether a path other than `json`'s shows `location` as a distinct tensor: a write to
-    /// `json`'s tensor must then give it bytes of its own. `O(sharers)`.
-    pub fn has_distinct_sharer(&self, location: &Location, json: Ino) -> bool {
-        let Some(own) = self.sharer(location, json) else {
+    /// Whether a path other than `id`'s shows `location` as a distinct tensor: a write to
+    /// `id`'s tensor must then give it bytes of its own. `O(sharers)`.
+    pub fn has_distinct_sharer(&self, location: &Location, id: TensorId) -> bool {
+        let Some(own) = self.sharer(location, id) else {
             return false;
         };
         self.sharers(location)
             .iter()
-            .any(|s| s.json != json && relation(own.identity, s.identity) == Relation::Distinct)
+            .any(|s| s.id != id && relation(own.identity, s.identity) == Relation::Distinct)
     }
 }
 
@@ -127,9 +125,4 @@ pub fn tensor_of(kind: TextKind) -> Option<TensorId> {
         TextKind::NamedDataJson(f, k) => Some(TensorId::key(f, k)),
         _ => None,
     }
-}
-
-/// Where the bytes of a value or named-data entry are, and its identity.
-fn located(tree: &Tree, kind: TextKind) -> Option<(Location, Identity)> {
-    locate(&tree.model, tensor_of(kind)?)
 }
