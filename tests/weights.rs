@@ -1048,3 +1048,126 @@ fn an_update_refused_by_one_weights_file_says_which_one_takes_it() {
     assert_eq!(write_through(&aw, &raw, &scratch), "ok");
     assert_eq!(by_name(&read(&aw))[&name].2, new);
 }
+
+/// Files in `dir`, sorted by name.
+fn listing(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// How many uploads the log says were written straight into a new copy.
+fn streamed(log: &Path) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .matches("written straight into a new copy")
+        .count()
+}
+
+/// docs/writes.md#uploads-written-straight-into-a-new-copy: an upload written in order (as
+/// `dd` and `cp` write) that rewrites most of a file goes straight into a new copy renamed
+/// over the model; one written out of order is staged and committed as before; one cut
+/// short is refused at close and leaves the model byte for byte as it was, with no file
+/// beside it.
+#[test]
+fn an_upload_written_in_order_streams_into_a_new_copy_and_anything_else_is_staged() {
+    if fuse_missing() {
+        return;
+    }
+    const COUNT: usize = 8;
+    const SIDE: i32 = 256; // FLOAT[256, 256]: 256 KiB a tensor, 2 MiB in all
+    const BYTES: usize = (SIDE * SIDE * 4) as usize;
+    let top = tempfile::tempdir().unwrap();
+    let root = top.path().canonicalize().unwrap();
+    let model = root.join("m.ptd");
+    let base = many_tensor_ptd(&model, COUNT, SIDE, |i, c| c.fill(i as u8)) as usize;
+    let log = root.join("log");
+    let mut m = Mount::unmounted(top, model.clone(), vec![], &["--log-file", arg(&log), "-v"]);
+    m.mount();
+    let w = m.path("weights.safetensors");
+    let names: Vec<String> = (0..COUNT).map(layer_name).collect();
+    let shape = [SIDE as u64, SIDE as u64];
+    let tensors: Vec<(&str, &str, &[u64], u64)> = names
+        .iter()
+        .map(|n| (n.as_str(), "F32", &shape[..], BYTES as u64))
+        .collect();
+    let header = st::header(&tensors);
+    let upload = |fill: u8| -> Vec<u8> {
+        let mut out = header.clone();
+        for i in 0..COUNT {
+            out.extend(std::iter::repeat_n(fill.wrapping_add(i as u8), BYTES));
+        }
+        out
+    };
+    let holds = |fill: u8| {
+        let bytes = read(&model);
+        (0..COUNT).all(|i| {
+            bytes[base + i * BYTES..base + (i + 1) * BYTES]
+                .iter()
+                .all(|&b| b == fill.wrapping_add(i as u8))
+        })
+    };
+    let names_beside = listing(&root);
+    let ino = std::fs::metadata(&model).unwrap().ino();
+
+    // In order, in 1 MiB writes: streamed.
+    let new = upload(0x40);
+    let mut f = open_for_writing(&w);
+    for chunk in new.chunks(1 << 20) {
+        f.write_all(chunk).unwrap();
+    }
+    f.sync_all().unwrap();
+    drop(f);
+    assert_eq!(
+        streamed(&log),
+        1,
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    assert!(holds(0x40));
+    assert_ne!(std::fs::metadata(&model).unwrap().ino(), ino);
+    let shown = read(&w);
+    assert!(
+        st::split(&shown).1 == &new[header.len()..],
+        "the mount does not show the upload"
+    );
+    assert_eq!(listing(&root), names_beside);
+    offline_check(&m);
+
+    // The data first, then the header: staged, committed as before.
+    let new = upload(0x80);
+    let f = open_for_writing(&w);
+    f.write_all_at(&new[header.len()..], header.len() as u64)
+        .unwrap();
+    f.write_all_at(&header, 0).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    assert_eq!(streamed(&log), 1);
+    assert!(holds(0x80));
+    let shown = read(&w);
+    assert!(st::split(&shown).1 == &new[header.len()..]);
+
+    // Cut short after most of the data: refused at close, nothing changed or left.
+    let before = read(&model);
+    let ino = std::fs::metadata(&model).unwrap().ino();
+    let new = upload(0xC0);
+    let errno = write_and_close(&m, &w, &new[..new.len() - BYTES / 2]);
+    assert_eq!(errno, "EINVAL");
+    assert_eq!(read(&model), before);
+    assert_eq!(std::fs::metadata(&model).unwrap().ino(), ino);
+    std::fs::remove_file(m.dir.path().join("candidate")).unwrap();
+    assert_eq!(listing(&root), names_beside);
+    assert_eq!(streamed(&log), 1);
+
+    // Bytes past what the header declares: staged, and refused as before.
+    let mut long = upload(0xC0);
+    long.extend_from_slice(b"tail");
+    assert_eq!(write_and_close(&m, &w, &long), "EINVAL");
+    assert_eq!(read(&model), before);
+    std::fs::remove_file(m.dir.path().join("candidate")).unwrap();
+    assert_eq!(listing(&root), names_beside);
+    m.umount();
+}

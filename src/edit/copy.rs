@@ -4,13 +4,13 @@
 //! re-layout's rename then puts in the model's place (`relayout::Prepared`).
 //!
 //! Invariants: the copy has the model's exact layout and size (the flatbuffer and every byte
-//! outside the new ranges are copied as they are, in the kernel); it is written strictly in
-//! order, so every byte is written once; the model is not touched; the copy is unnamed
-//! (`O_TMPFILE`) until it is complete, durable and parses back as the same kind of file, then
-//! named as a re-layout's new file is (`.<name>.ptefs-new.<random>`), so recovery and the
-//! group commit treat it as one; a copy dropped before it is finished leaves nothing behind.
+//! outside the new ranges are copied as they are); it is written strictly in order, so every
+//! byte is written once; the model is not touched; the copy is unnamed (`O_TMPFILE`) until it
+//! is complete, durable and parses back as the same kind of file, then named as a
+//! re-layout's new file is (`.<name>.ptefs-new.<random>`), so recovery and the group commit
+//! treat it as one; a copy dropped before it is named leaves nothing behind. A `Copy` holds
+//! no borrow of the model, so a mount can write one while an upload arrives.
 
-use std::ffi::OsString;
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::os::unix::io::AsRawFd;
@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use super::beside::Beside;
 use super::direct::{self, DirectWriter};
 use super::relayout::{temp_prefix, Prepared};
-use crate::content::{copy_in_kernel, Bytes, Source};
+use crate::content::{Bytes, Source};
 use crate::error::{Error, Result};
 use crate::format::range::ByteRange;
 use crate::format::{Kind, ModelFile};
@@ -39,60 +39,82 @@ pub fn worth_copying(written: u64, len: u64) -> bool {
     len >= COPY_FROM && written > len / 2
 }
 
+/// The memory a copy being written holds (its direct I/O buffers).
+pub const MEMORY: u64 = direct::MEMORY;
+
 /// A new copy of a model file being written.
-pub struct Copy<'a> {
-    /// Always Some until `finish` hands it on.
-    beside: Option<Beside<'a>>,
-    model: &'a ModelFile,
-    src: &'a File,
+pub struct Copy {
+    /// The model file, as it was when the copy began.
+    src: File,
     out: File,
-    /// The copy's name while it has one (only where the directory has no unnamed files).
-    name: Option<OsString>,
-    /// Straight to the disk where the file system allows it (`direct`): the new bytes are
-    /// not copied into fresh page-cache pages, which on these machines costs more than
-    /// writing them; else None, and the copy is written through the page cache.
+    /// Straight to the disk where the file system allows it: the new bytes are not copied
+    /// into fresh page-cache pages, which on these machines costs more than writing them;
+    /// None once settled (`settle`), or where direct I/O is refused: through the page cache.
     direct: Option<DirectWriter<File>>,
     /// How far the copy is written, from its start.
     pos: u64,
     len: u64,
     buf: Vec<u8>,
+    /// The copy, for messages.
+    shown: String,
+    /// Whether the model is a `.pte` (else a `.ptd`): the copy must parse back as one.
+    pte: bool,
+    /// Complete and durable: nothing more is written.
+    complete: bool,
 }
 
-impl Drop for Copy<'_> {
-    fn drop(&mut self) {
-        if let (Some(name), Some(beside)) = (self.name.take(), &self.beside) {
-            let _ = beside.remove(&name);
-        }
+/// Appends `bytes` at `pos` of `out`: through `direct` when there is one, else from a
+/// buffer. Read into a buffer and written from it: `copy_file_range` between two files of
+/// one ext4 file system copies through a pipe in the kernel, at half the speed, and a bulk
+/// update has thousands of pieces.
+fn append(
+    direct: &mut Option<DirectWriter<File>>, out: &File, buf: &mut Vec<u8>, pos: u64, bytes: Source,
+) -> std::io::Result<()> {
+    if let Some(w) = direct {
+        return w.append(bytes, None);
     }
+    let mut at = pos;
+    bytes.for_each_chunk(buf, |chunk| {
+        out.write_all_at(chunk, at)?;
+        at += chunk.len() as u64;
+        Ok(())
+    })
 }
 
 fn io(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Error {
     move |e| Error::io(what, e)
 }
 
-impl<'a> Copy<'a> {
-    /// Starts a copy of `model` beside it, once its file system has room for it.
-    pub fn begin(model: &'a ModelFile) -> Result<Copy<'a>> {
-        let src = model
-            .file
-            .as_ref()
-            .ok_or_else(|| Error::invalid("the model is not backed by a file"))?;
-        let len = src
-            .metadata()
-            .map_err(io(format!("stat {}", model.path.display())))?
-            .len();
-        if len != model.len() {
-            return Err(Error::new(
-                libc::ESTALE,
-                format!(
-                    "{} is {len} bytes, not the {} it had when opened",
-                    model.path.display(),
-                    model.len()
-                ),
-            ));
-        }
+/// The model's descriptor, its size checked against what it had when opened.
+fn source_of(model: &ModelFile) -> Result<(&File, u64)> {
+    let src = model
+        .file
+        .as_ref()
+        .ok_or_else(|| Error::invalid("the model is not backed by a file"))?;
+    let len = src
+        .metadata()
+        .map_err(io(format!("stat {}", model.path.display())))?
+        .len();
+    if len != model.len() {
+        return Err(Error::new(
+            libc::ESTALE,
+            format!(
+                "{} is {len} bytes, not the {} it had when opened",
+                model.path.display(),
+                model.len()
+            ),
+        ));
+    }
+    Ok((src, len))
+}
+
+impl Copy {
+    /// Starts an unnamed copy of `model` beside it, once its file system has room for it;
+    /// None where the directory has no unnamed files.
+    pub fn begin(model: &ModelFile) -> Result<Option<Copy>> {
         let beside = Beside::of(model)?;
         beside.check_model_named()?;
+        let (_, len) = source_of(model)?;
         beside.need_room(
             len,
             &format!(
@@ -100,51 +122,54 @@ impl<'a> Copy<'a> {
                 model.path.display()
             ),
         )?;
-        let (out, name) = match beside.create_unnamed()? {
-            Some(out) => (out, None),
-            None => {
-                let (out, name) = beside.create_unique(&temp_prefix(beside.model_name()))?;
-                (out, Some(name))
-            }
+        let Some(out) = beside.create_unnamed()? else {
+            return Ok(None);
         };
+        let shown = format!("the new (unnamed) copy of {}", model.path.display());
+        Copy::into(model, out, shown).map(Some)
+    }
+
+    /// A copy of `model` written into `out`, created empty.
+    fn into(model: &ModelFile, out: File, shown: String) -> Result<Copy> {
+        let (src, len) = source_of(model)?;
+        let src = src
+            .try_clone()
+            .map_err(io(format!("duplicate {}", model.path.display())))?;
         let direct = match out.try_clone().and_then(DirectWriter::new) {
             Ok(w) => Some(w),
             Err(e) if direct::unsupported(&e) => None,
-            Err(e) => {
-                let _ = name.as_ref().map(|n| beside.remove(n));
-                return Err(Error::io(
-                    format!("write a new copy of {}", model.path.display()),
-                    e,
-                ));
-            }
+            Err(e) => return Err(Error::io(format!("write {shown}"), e)),
         };
         Ok(Copy {
-            beside: Some(beside),
-            model,
             src,
             out,
-            name,
             direct,
             pos: 0,
             len,
             buf: Vec::new(),
+            shown,
+            pte: matches!(model.kind, Kind::Pte(_)),
+            complete: false,
         })
-    }
-
-    fn beside(&self) -> &Beside<'a> {
-        self.beside.as_ref().expect("held until finished")
-    }
-
-    fn shown(&self) -> String {
-        match &self.name {
-            Some(name) => self.beside().shown(name),
-            None => format!("the new (unnamed) copy of {}", self.model.path.display()),
-        }
     }
 
     /// How far the copy is written: the next write must start here or later.
     pub fn position(&self) -> u64 {
         self.pos
+    }
+
+    /// The copy's size: the model's.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The copy, to read back what was written (after `settle`).
+    pub fn file(&self) -> &File {
+        &self.out
     }
 
     /// Copies the model's bytes up to `at`.
@@ -155,54 +180,30 @@ impl<'a> Copy<'a> {
                 self.len, self.pos
             )));
         }
-        let n = at - self.pos;
-        if n == 0 {
+        if at == self.pos {
             return Ok(());
         }
-        if self.direct.is_some() {
-            let gap = Source::File {
-                file: self.src,
-                offset: self.pos,
-                len: n,
-            };
-            return self.append(gap);
+        if self.complete {
+            return Err(Error::invalid(format!("{} is complete", self.shown)));
         }
-        let done = copy_in_kernel(self.src, self.pos, &self.out, self.pos, n).map_err(io(
-            format!("copy {} into {}", self.model.path.display(), self.shown()),
-        ))?;
-        self.pos += done;
-        if self.pos < at {
-            let rest = Source::File {
-                file: self.src,
-                offset: self.pos,
-                len: at - self.pos,
-            };
-            self.append(rest)?;
-        }
+        let gap = Source::File {
+            file: &self.src,
+            offset: self.pos,
+            len: at - self.pos,
+        };
+        append(&mut self.direct, &self.out, &mut self.buf, self.pos, gap)
+            .map_err(io(format!("copy the model into {}", self.shown)))?;
+        self.pos = at;
         Ok(())
     }
 
     /// Appends `bytes` at `pos`.
     fn append(&mut self, bytes: Source) -> Result<()> {
-        let written = match &mut self.direct {
-            Some(w) => w.append(bytes, None),
-            None => {
-                let mut buf = std::mem::take(&mut self.buf);
-                let mut pos = self.pos;
-                let out = &self.out;
-                // Read into a buffer and written from it: `copy_file_range` between two
-                // files of one ext4 file system copies through a pipe in the kernel, at
-                // half the speed, and a bulk update has thousands of pieces.
-                let written = bytes.for_each_chunk(&mut buf, |chunk| {
-                    out.write_all_at(chunk, pos)?;
-                    pos += chunk.len() as u64;
-                    Ok(())
-                });
-                self.buf = buf;
-                written
-            }
-        };
-        written.map_err(io(format!("write {}", self.shown())))?;
+        if self.complete {
+            return Err(Error::invalid(format!("{} is complete", self.shown)));
+        }
+        append(&mut self.direct, &self.out, &mut self.buf, self.pos, bytes)
+            .map_err(io(format!("write {}", self.shown)))?;
         self.pos += bytes.len();
         Ok(())
     }
@@ -211,8 +212,7 @@ impl<'a> Copy<'a> {
         at.checked_add(n).filter(|&e| e <= self.len).ok_or_else(|| {
             Error::invalid(format!(
                 "{n} bytes at {at} lie outside the {} bytes of {}",
-                self.len,
-                self.model.path.display()
+                self.len, self.shown
             ))
         })
     }
@@ -229,100 +229,111 @@ impl<'a> Copy<'a> {
         self.append(bytes)
     }
 
-    /// Copies the rest of the model, gives the copy the model's mode, makes it durable,
-    /// checks that it parses back as the same kind of file, and names it beside the model:
-    /// it is then ready to be renamed over the model.
-    pub fn finish(mut self) -> Result<Prepared<'a>> {
-        self.copy_to(self.len)?;
-        let shown = self.shown();
+    /// Writes out what direct I/O holds back and goes on through the page cache: what was
+    /// written can then be read back through `file`.
+    pub fn settle(&mut self) -> Result<()> {
         if let Some(w) = self.direct.take() {
-            let n = w.finish().map_err(io(format!("write {shown}")))?;
-            if n != self.len {
+            let n = w.finish().map_err(io(format!("write {}", self.shown)))?;
+            if n != self.pos {
                 return Err(Error::new(
                     libc::EIO,
-                    format!("{shown}: {n} bytes written, expected {}", self.len),
+                    format!("{}: {n} bytes written, expected {}", self.shown, self.pos),
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Copies the rest of the model, gives the copy the model's mode, makes it durable and
+    /// checks that it parses back as the same kind of file.
+    pub fn complete(&mut self) -> Result<()> {
+        if self.complete {
+            return Ok(());
+        }
+        self.copy_to(self.len)?;
+        self.settle()?;
         let meta = self
             .src
             .metadata()
-            .map_err(io(format!("stat {}", self.model.path.display())))?;
+            .map_err(io(format!("stat the model of {}", self.shown)))?;
         // The owner was set at creation; the mode waits until the bytes are complete.
         // SAFETY: a plain system call on an open descriptor.
         unsafe { libc::fchmod(self.out.as_raw_fd(), meta.mode() & 0o7777) };
-        self.out.sync_all().map_err(io(format!("fsync {shown}")))?;
-        self.check(&shown)?;
-        let name = match self.name.take() {
-            Some(name) => name,
-            None => self.name_unnamed(&shown)?,
-        };
-        let out = self
-            .out
-            .try_clone()
-            .map_err(io(format!("duplicate {shown}")))?;
-        // From here the name is the Prepared's to rename or remove.
-        let beside = self.beside.take().expect("held until finished");
-        Ok(Prepared::new(beside, self.model, name, out))
-    }
-
-    /// Names the finished unnamed copy; where this process cannot name unnamed files, a
-    /// named file gets its bytes (in the kernel) instead.
-    fn name_unnamed(&mut self, shown: &str) -> Result<OsString> {
-        let prefix = temp_prefix(self.beside().model_name());
-        if let Some(name) = self.beside().link_unique(&self.out, &prefix)? {
-            return Ok(name);
-        }
-        let (named, name) = self.beside().create_unique(&prefix)?;
-        self.name = Some(name.clone());
-        let mut buf = std::mem::take(&mut self.buf);
-        let copied = Source::File {
-            file: &self.out,
-            offset: 0,
-            len: self.len,
-        }
-        .write_to(&named, 0, &mut buf);
-        copied.map_err(io(format!(
-            "copy {shown} into {}",
-            self.beside().shown(&name)
-        )))?;
-        // SAFETY: as above.
-        unsafe {
-            libc::fchmod(
-                named.as_raw_fd(),
-                self.src.metadata().map(|m| m.mode()).unwrap_or(0o600) & 0o7777,
-            )
-        };
-        named
+        self.out
             .sync_all()
-            .map_err(io(format!("fsync {}", self.beside().shown(&name))))?;
-        self.out = named;
-        self.name = None;
-        Ok(name)
+            .map_err(io(format!("fsync {}", self.shown)))?;
+        self.check()?;
+        self.complete = true;
+        Ok(())
     }
 
-    /// The copy parses as the model did: same kind, same size.
-    fn check(&self, shown: &str) -> Result<()> {
+    /// The copy parses as a model file, of the size it was written.
+    fn check(&self) -> Result<()> {
         let file = self
             .out
             .try_clone()
-            .map_err(io(format!("duplicate {shown}")))?;
-        let new = ModelFile::from_file(PathBuf::from(shown), file, false)
+            .map_err(io(format!("duplicate {}", self.shown)))?;
+        let new = ModelFile::from_file(PathBuf::from(&self.shown), file, false)
             .map_err(|e| Error::new(libc::EIO, format!("the new copy does not parse back: {e}")))?;
-        let same_kind = matches!(
-            (&new.kind, &self.model.kind),
-            (Kind::Pte(_), Kind::Pte(_)) | (Kind::Ptd(_), Kind::Ptd(_))
-        );
-        if !same_kind || new.len() != self.len {
+        if new.len() != self.len || matches!(new.kind, Kind::Pte(_)) != self.pte {
             return Err(Error::new(
                 libc::EIO,
-                format!(
-                    "{shown} is not a whole copy of {}",
-                    self.model.path.display()
-                ),
+                format!("{} is not a whole copy of its model", self.shown),
             ));
         }
         Ok(())
+    }
+
+    /// Completes the copy (`complete`) and names it beside `model`, which must be the file
+    /// it copies, unchanged since: it is then ready to be renamed over the model.
+    pub fn finish(mut self, model: &ModelFile) -> Result<Prepared<'_>> {
+        let (src, _) = source_of(model)?;
+        let (a, b) = (src.metadata(), self.src.metadata());
+        let same = match (a, b) {
+            (Ok(a), Ok(b)) => (a.dev(), a.ino(), a.len()) == (b.dev(), b.ino(), b.len()),
+            _ => false,
+        };
+        if !same {
+            return Err(Error::new(
+                libc::ESTALE,
+                format!(
+                    "{} is not the file {} was copied from",
+                    model.path.display(),
+                    self.shown
+                ),
+            ));
+        }
+        self.complete()?;
+        let beside = Beside::of(model)?;
+        let prefix = temp_prefix(beside.model_name());
+        let name = match beside.link_unique(&self.out, &prefix)? {
+            Some(name) => name,
+            None => {
+                // This process cannot name unnamed files: a named file gets its bytes.
+                let (named, name) = beside.create_unique(&prefix)?;
+                let shown = beside.shown(&name);
+                let copied = Source::File {
+                    file: &self.out,
+                    offset: 0,
+                    len: self.len,
+                }
+                .write_to(&named, 0, &mut self.buf)
+                .map_err(io(format!("copy {} into {shown}", self.shown)))
+                .and_then(|_| {
+                    let mode = self.out.metadata().map(|m| m.mode()).unwrap_or(0o600);
+                    // SAFETY: as above.
+                    unsafe { libc::fchmod(named.as_raw_fd(), mode & 0o7777) };
+                    named.sync_all().map_err(io(format!("fsync {shown}")))
+                });
+                if let Err(e) = copied {
+                    let _ = beside.remove(&name);
+                    return Err(e);
+                }
+                self.out = named;
+                name
+            }
+        };
+        Ok(Prepared::new(beside, model, name, self.out))
     }
 }
 
@@ -342,18 +353,41 @@ pub fn of_patches<'a>(
             )));
         }
     }
-    let mut copy = Copy::begin(model)?;
-    for (range, bytes) in order {
-        let source = bytes.source();
-        if source.len() != range.len() {
-            return Err(Error::invalid(format!(
-                "{} bytes given for the {} bytes at {}",
-                source.len(),
-                range.len(),
-                range.start()
-            )));
+    let write_all = |copy: &mut Copy| -> Result<()> {
+        for (range, bytes) in &order {
+            let source = bytes.source();
+            if source.len() != range.len() {
+                return Err(Error::invalid(format!(
+                    "{} bytes given for the {} bytes at {}",
+                    source.len(),
+                    range.len(),
+                    range.start()
+                )));
+            }
+            copy.write_source(range.start(), source)?;
         }
-        copy.write_source(range.start(), source)?;
+        Ok(())
+    };
+    if let Some(mut copy) = Copy::begin(model)? {
+        write_all(&mut copy)?;
+        return copy.finish(model);
     }
-    copy.finish()
+    // No unnamed files here: the copy has its name from the start, removed if it fails.
+    let beside = Beside::of(model)?;
+    let (out, name) = beside.create_unique(&temp_prefix(beside.model_name()))?;
+    let written = out
+        .try_clone()
+        .map_err(io(format!("duplicate {}", beside.shown(&name))))
+        .and_then(|dup| Copy::into(model, dup, beside.shown(&name)))
+        .and_then(|mut copy| {
+            write_all(&mut copy)?;
+            copy.complete()
+        });
+    match written {
+        Ok(()) => Ok(Prepared::new(beside, model, name, out)),
+        Err(e) => {
+            let _ = beside.remove(&name);
+            Err(e)
+        }
+    }
 }

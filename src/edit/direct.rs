@@ -28,6 +28,8 @@ use crate::content::Source;
 const BLOCK: usize = 4096;
 /// The buffer: large enough that a direct write is a large request.
 const BUFFER: usize = 8 << 20;
+/// The memory a writer holds: the buffer filling and the one being written.
+pub const MEMORY: u64 = 2 * BUFFER as u64;
 
 /// Writes bytes one after the other from the start of a file opened for writing (held, or
 /// borrowed), through a page-aligned buffer.

@@ -214,6 +214,12 @@ impl<'a> Prepared<'a> {
         self.beside.replace_model(&self.name)
     }
 
+    /// Renames the new file over the model once `watcher` agrees (`rewrite` does this for
+    /// a re-layout it prepared); the new file's name is removed if that fails.
+    pub fn put_in_place(self, watcher: &dyn super::FileWatcher) -> Result<()> {
+        replace_model(&self.beside, &self.name, &self.file, self.model, watcher)
+    }
+
     /// Removes the new file's name: the model stays as it was.
     pub fn abandon(self) {
         let _ = self.beside.remove(&self.name);
