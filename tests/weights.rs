@@ -8,7 +8,9 @@
 //! a 1 GiB model leaves the daemon's peak memory under 256 MiB. A data file's own
 //! `weights.safetensors` is the same whether it is mounted alone or under its program, the
 //! program's root lists every file's tensors, and a refusal says which of them takes a
-//! tensor that does not fit.
+//! tensor that does not fit. An upload written in order that rewrites most of a file is
+//! streamed into a new copy renamed over it, checked like any other (a scale XNNPACK refuses
+//! changes nothing and leaves nothing); anything else is staged as before.
 //!
 //! What a tensor is (name, dtype, shape, bytes, where it lives) always comes from the
 //! mount's own `weights.safetensors` and `.json` files, never from facts written here.
@@ -1169,5 +1171,91 @@ fn an_upload_written_in_order_streams_into_a_new_copy_and_anything_else_is_stage
     assert_eq!(read(&model), before);
     std::fs::remove_file(m.dir.path().join("candidate")).unwrap();
     assert_eq!(listing(&root), names_beside);
+    m.umount();
+}
+
+/// The `examples/make_xnnpack_model` binary cargo built beside the tests: a `.pte` whose
+/// XNNPACK payload reads a 4-bit filter and its bfloat16 scales from named data.
+fn make_xnnpack_model(out: &Path, args: &[&str]) {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("examples/make_xnnpack_model");
+    assert!(
+        bin.exists(),
+        "{} is missing: `cargo test` builds it (the examples are built with the tests)",
+        bin.display()
+    );
+    let st = Command::new(&bin).arg(out).args(args).status().unwrap();
+    assert!(st.success(), "make_xnnpack_model failed");
+}
+
+/// docs/writes.md#uploads-written-straight-into-a-new-copy: the scales an upload streamed into
+/// a new copy lands on are checked as a staged upload's are. A scale XNNPACK refuses fails the
+/// close with the same reason, the model stays byte for byte as it was and nothing is left
+/// beside it; the same upload with the scale it had is streamed and committed.
+#[test]
+fn a_streamed_upload_with_a_scale_xnnpack_refuses_changes_nothing() {
+    if fuse_missing() {
+        return;
+    }
+    let top = tempfile::tempdir().unwrap();
+    let root = top.path().canonicalize().unwrap();
+    let model = root.join("x.pte");
+    // A [1024, 2048] qbint4 filter: 1 MiB of nibbles and 128 KiB of scales, nearly all of
+    // the file.
+    make_xnnpack_model(&model, &["--out-features", "1024", "--in-features", "2048"]);
+    let log = root.join("log");
+    let mut m = Mount::unmounted(top, model.clone(), vec![], &["--log-file", arg(&log), "-v"]);
+    m.mount();
+    let w = m.path("weights.safetensors");
+    let old = read(&w);
+    let (header, data) = st::split(&old);
+    let start = old.len() - data.len();
+    let range = |name: &str| {
+        let o = &header[name]["data_offsets"];
+        start + o[0].as_u64().unwrap() as usize..start + o[1].as_u64().unwrap() as usize
+    };
+    let (weight, scales) = (range("weight"), range("scale_weight"));
+    assert_eq!(header["scale_weight"]["dtype"], "BF16");
+    let mut update = old.clone();
+    for b in &mut update[weight.clone()] {
+        *b ^= 0x5a;
+    }
+    // Scale 0: a bfloat16 NaN.
+    update[scales.start..scales.start + 2].copy_from_slice(&0x7fc0u16.to_le_bytes());
+    let before = read(&model);
+    let names = listing(&root);
+
+    assert_eq!(write_and_close(&m, &w, &update), "EINVAL");
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        said.contains("scale 0 is NaN")
+            && said.contains("XNNPACK accepts only positive normal floats"),
+        "{said}"
+    );
+    assert!(read(&model) == before, "the model changed");
+    std::fs::remove_file(root.join("candidate")).unwrap();
+    assert_eq!(listing(&root), names);
+    assert_eq!(streamed(&log), 0);
+
+    update[scales.start..scales.start + 2].copy_from_slice(&old[scales.start..scales.start + 2]);
+    assert_eq!(write_and_close(&m, &w, &update), "ok");
+    assert_eq!(
+        streamed(&log),
+        1,
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    let shown = read(&w);
+    assert!(
+        shown[weight.clone()] == update[weight],
+        "the new filter is not shown"
+    );
+    std::fs::remove_file(root.join("candidate")).unwrap();
+    assert_eq!(listing(&root), names);
+    offline_check(&m);
     m.umount();
 }

@@ -348,6 +348,10 @@ impl Staged {
             stream.write(&v[head..])?;
             v.truncate(head);
         }
+        log::debug!(
+            "an upload of {} bytes is streamed into a new copy of the model",
+            stream.total()
+        );
         let header = std::mem::take(v);
         self.buffer = Buffer::Streamed {
             header,

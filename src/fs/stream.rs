@@ -122,6 +122,11 @@ impl Stream {
         }))
     }
 
+    /// The upload's length, as its header declares it.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
     /// Bytes of the upload received, its header included.
     pub fn received(&self) -> u64 {
         self.received
