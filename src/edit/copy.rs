@@ -153,20 +153,6 @@ impl Copy {
         })
     }
 
-    /// How far the copy is written: the next write must start here or later.
-    pub fn position(&self) -> u64 {
-        self.pos
-    }
-
-    /// The copy's size: the model's.
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// The copy, to read back what was written (after `settle`).
     pub fn file(&self) -> &File {
         &self.out
@@ -217,7 +203,8 @@ impl Copy {
         })
     }
 
-    /// Writes `bytes` at `at` (at or past `position`); the model's bytes fill the gap.
+    /// Writes `bytes` at `at`, at or past where the copy is written up to; the model's bytes
+    /// fill the gap.
     pub fn write(&mut self, at: u64, bytes: &[u8]) -> Result<()> {
         self.write_source(at, Source::Memory(bytes))
     }
