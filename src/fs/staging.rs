@@ -10,7 +10,11 @@
 //! anything is allocated, and memory is reserved fallibly, so a request can fail with EFBIG
 //! or ENOMEM but never abort the daemon. Content grows only while the model's file system
 //! has room for what that size needs (`Room`: the staged bytes that spill, and the new file
-//! a re-layout writes), else ENOSPC (docs/writes.md#sizes-and-free-space).
+//! a re-layout writes), else ENOSPC (docs/writes.md#sizes-and-free-space). An upload onto a
+//! `weights.safetensors` that can stream (`fs::stream`) keeps only its header here and its
+//! other bytes in a new copy of the model, whose buffers are charged to the budget too;
+//! whatever needs its content as bytes (a read, a write out of order, a truncate, a commit
+//! that cannot take the copy) turns it back into spilled content first.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
