@@ -267,3 +267,106 @@ fn a_header_larger_than_the_model_can_need_is_refused_before_it_is_read() {
     assert!(peak < 64 << 20, "apply peak RSS {} MiB", peak >> 20);
     assert_eq!(std::fs::read(&c.model).unwrap(), before);
 }
+
+/// docs/writes.md#large-updates-as-a-new-copy: an update of more than half of a file of at
+/// least 1 MiB is written as a new copy renamed over the model (a new inode with the mode
+/// and owner kept; a hard link keeps the old bytes, as after a re-layout; no journal, nothing
+/// left beside it), a small one in place through the journal (the same inode, which the link
+/// shares), and a refused one changes nothing and leaves no file.
+#[test]
+fn an_update_of_most_of_a_file_is_a_new_copy_and_a_small_one_stays_in_place() {
+    use common::safetensors::{build, layer_name, many_tensor_ptd};
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    const COUNT: usize = 8;
+    const SIDE: i32 = 256;
+    const BYTES: usize = (SIDE * SIDE * 4) as usize;
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m.ptd");
+    let base = many_tensor_ptd(&model, COUNT, SIDE, |i, c| c.fill(i as u8)) as usize;
+    std::fs::set_permissions(&model, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let link = dir.path().join("link.ptd");
+    std::fs::hard_link(&model, &link).unwrap();
+    let names: Vec<String> = (0..COUNT).map(layer_name).collect();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let update = elsewhere.path().join("u.safetensors");
+    let shape = vec![SIDE as u64, SIDE as u64];
+    let tensors_of = |which: &[usize], fill: u8| -> Vec<u8> {
+        let t: Vec<common::safetensors::Tensor> = which
+            .iter()
+            .map(|&i| (names[i].as_str(), "F32", shape.clone(), vec![fill; BYTES]))
+            .collect();
+        build(&t)
+    };
+    let tensor = |bytes: &[u8], i: usize| bytes[base + i * BYTES..base + (i + 1) * BYTES].to_vec();
+    let beside = |d: &Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let listing = beside(dir.path());
+    let ino = std::fs::metadata(&model).unwrap().ino();
+
+    // One tensor of eight: in place, the link sees it.
+    std::fs::write(&update, tensors_of(&[2], 0xA2)).unwrap();
+    let (ok, out, err) = ptefs(&["apply", arg(&model), arg(&update)]);
+    assert!(ok, "{err}");
+    assert!(out.contains("1 tensor(s) changed"), "{out}");
+    assert_eq!(std::fs::metadata(&model).unwrap().ino(), ino);
+    assert_eq!(tensor(&std::fs::read(&link).unwrap(), 2), vec![0xA2; BYTES]);
+    let before_copy = std::fs::read(&model).unwrap();
+
+    // Five of eight (1.25 MiB of 2 MiB): a new copy.
+    std::fs::write(&update, tensors_of(&[0, 1, 3, 5, 7], 0xC0)).unwrap();
+    let (ok, out, err) = ptefs(&["apply", arg(&model), arg(&update)]);
+    assert!(ok, "{err}");
+    assert!(out.contains("5 tensor(s) changed"), "{out}");
+    let meta = std::fs::metadata(&model).unwrap();
+    assert_ne!(meta.ino(), ino, "not a new file");
+    assert_eq!(meta.mode() & 0o7777, 0o640);
+    let after = std::fs::read(&model).unwrap();
+    assert_eq!(after.len(), before_copy.len());
+    assert_eq!(
+        &after[..base],
+        &before_copy[..base],
+        "the header and flatbuffer changed"
+    );
+    for i in 0..COUNT {
+        let want = match i {
+            0 | 1 | 3 | 5 | 7 => vec![0xC0; BYTES],
+            2 => vec![0xA2; BYTES],
+            _ => vec![i as u8; BYTES],
+        };
+        assert_eq!(tensor(&after, i), want, "tensor {i}");
+    }
+    assert_eq!(
+        std::fs::read(&link).unwrap(),
+        before_copy,
+        "the link changed"
+    );
+    assert_eq!(beside(dir.path()), listing, "files left beside the model");
+    let (ok, out, err) = ptefs(&["check", arg(&model)]);
+    assert!(ok, "{out}{err}");
+
+    // Refused (one tensor of another shape): nothing changes, nothing is left.
+    let mut t: Vec<common::safetensors::Tensor> = [0, 1, 3, 5]
+        .iter()
+        .map(|&i| (names[i].as_str(), "F32", shape.clone(), vec![0xEE; BYTES]))
+        .collect();
+    t.push((
+        names[7].as_str(),
+        "F32",
+        vec![SIDE as u64 * 2, SIDE as u64 / 2 - 1],
+        vec![0xEE; BYTES - 2 * SIDE as usize * 4],
+    ));
+    std::fs::write(&update, build(&t)).unwrap();
+    let ino = meta.ino();
+    let (ok, _, err) = ptefs(&["apply", arg(&model), arg(&update)]);
+    assert!(!ok);
+    assert!(err.contains("nothing was written"), "{err}");
+    assert_eq!(std::fs::read(&model).unwrap(), after);
+    assert_eq!(std::fs::metadata(&model).unwrap().ino(), ino);
+    assert_eq!(beside(dir.path()), listing, "files left beside the model");
+}

@@ -8,7 +8,9 @@
 //! a 1 GiB model leaves the daemon's peak memory under 256 MiB. A data file's own
 //! `weights.safetensors` is the same whether it is mounted alone or under its program, the
 //! program's root lists every file's tensors, and a refusal says which of them takes a
-//! tensor that does not fit.
+//! tensor that does not fit. An upload written in order that rewrites most of a file is
+//! streamed into a new copy renamed over it, checked like any other (a scale XNNPACK refuses
+//! changes nothing and leaves nothing); anything else is staged as before.
 //!
 //! What a tensor is (name, dtype, shape, bytes, where it lives) always comes from the
 //! mount's own `weights.safetensors` and `.json` files, never from facts written here.
@@ -1047,4 +1049,213 @@ fn an_update_refused_by_one_weights_file_says_which_one_takes_it() {
     );
     assert_eq!(write_through(&aw, &raw, &scratch), "ok");
     assert_eq!(by_name(&read(&aw))[&name].2, new);
+}
+
+/// Files in `dir`, sorted by name.
+fn listing(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// How many uploads the log says were written straight into a new copy.
+fn streamed(log: &Path) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .matches("written straight into a new copy")
+        .count()
+}
+
+/// docs/writes.md#uploads-written-straight-into-a-new-copy: an upload written in order (as
+/// `dd` and `cp` write) that rewrites most of a file goes straight into a new copy renamed
+/// over the model; one written out of order is staged and committed as before; one cut
+/// short is refused at close and leaves the model byte for byte as it was, with no file
+/// beside it.
+#[test]
+fn an_upload_written_in_order_streams_into_a_new_copy_and_anything_else_is_staged() {
+    if fuse_missing() {
+        return;
+    }
+    const COUNT: usize = 8;
+    const SIDE: i32 = 256; // FLOAT[256, 256]: 256 KiB a tensor, 2 MiB in all
+    const BYTES: usize = (SIDE * SIDE * 4) as usize;
+    let top = tempfile::tempdir().unwrap();
+    let root = top.path().canonicalize().unwrap();
+    let model = root.join("m.ptd");
+    let base = many_tensor_ptd(&model, COUNT, SIDE, |i, c| c.fill(i as u8)) as usize;
+    let log = root.join("log");
+    let mut m = Mount::unmounted(top, model.clone(), vec![], &["--log-file", arg(&log), "-v"]);
+    m.mount();
+    let w = m.path("weights.safetensors");
+    let names: Vec<String> = (0..COUNT).map(layer_name).collect();
+    let shape = [SIDE as u64, SIDE as u64];
+    let tensors: Vec<(&str, &str, &[u64], u64)> = names
+        .iter()
+        .map(|n| (n.as_str(), "F32", &shape[..], BYTES as u64))
+        .collect();
+    let header = st::header(&tensors);
+    let upload = |fill: u8| -> Vec<u8> {
+        let mut out = header.clone();
+        for i in 0..COUNT {
+            out.extend(std::iter::repeat_n(fill.wrapping_add(i as u8), BYTES));
+        }
+        out
+    };
+    let holds = |fill: u8| {
+        let bytes = read(&model);
+        (0..COUNT).all(|i| {
+            bytes[base + i * BYTES..base + (i + 1) * BYTES]
+                .iter()
+                .all(|&b| b == fill.wrapping_add(i as u8))
+        })
+    };
+    let names_beside = listing(&root);
+    let ino = std::fs::metadata(&model).unwrap().ino();
+
+    // In order, in 1 MiB writes: streamed.
+    let new = upload(0x40);
+    let mut f = open_for_writing(&w);
+    for chunk in new.chunks(1 << 20) {
+        f.write_all(chunk).unwrap();
+    }
+    f.sync_all().unwrap();
+    drop(f);
+    assert_eq!(
+        streamed(&log),
+        1,
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    assert!(holds(0x40));
+    assert_ne!(std::fs::metadata(&model).unwrap().ino(), ino);
+    let shown = read(&w);
+    assert!(
+        st::split(&shown).1 == &new[header.len()..],
+        "the mount does not show the upload"
+    );
+    assert_eq!(listing(&root), names_beside);
+    offline_check(&m);
+
+    // The data first, then the header: staged, committed as before.
+    let new = upload(0x80);
+    let f = open_for_writing(&w);
+    f.write_all_at(&new[header.len()..], header.len() as u64)
+        .unwrap();
+    f.write_all_at(&header, 0).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    assert_eq!(streamed(&log), 1);
+    assert!(holds(0x80));
+    let shown = read(&w);
+    assert!(st::split(&shown).1 == &new[header.len()..]);
+
+    // Cut short after most of the data: refused at close, nothing changed or left.
+    let before = read(&model);
+    let ino = std::fs::metadata(&model).unwrap().ino();
+    let new = upload(0xC0);
+    let errno = write_and_close(&m, &w, &new[..new.len() - BYTES / 2]);
+    assert_eq!(errno, "EINVAL");
+    assert_eq!(read(&model), before);
+    assert_eq!(std::fs::metadata(&model).unwrap().ino(), ino);
+    std::fs::remove_file(m.dir.path().join("candidate")).unwrap();
+    assert_eq!(listing(&root), names_beside);
+    assert_eq!(streamed(&log), 1);
+
+    // Bytes past what the header declares: staged, and refused as before.
+    let mut long = upload(0xC0);
+    long.extend_from_slice(b"tail");
+    assert_eq!(write_and_close(&m, &w, &long), "EINVAL");
+    assert_eq!(read(&model), before);
+    std::fs::remove_file(m.dir.path().join("candidate")).unwrap();
+    assert_eq!(listing(&root), names_beside);
+    m.umount();
+}
+
+/// The `examples/make_xnnpack_model` binary cargo built beside the tests: a `.pte` whose
+/// XNNPACK payload reads a 4-bit filter and its bfloat16 scales from named data.
+fn make_xnnpack_model(out: &Path, args: &[&str]) {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("examples/make_xnnpack_model");
+    assert!(
+        bin.exists(),
+        "{} is missing: `cargo test` builds it (the examples are built with the tests)",
+        bin.display()
+    );
+    let st = Command::new(&bin).arg(out).args(args).status().unwrap();
+    assert!(st.success(), "make_xnnpack_model failed");
+}
+
+/// docs/writes.md#uploads-written-straight-into-a-new-copy: the scales an upload streamed into
+/// a new copy lands on are checked as a staged upload's are. A scale XNNPACK refuses fails the
+/// close with the same reason, the model stays byte for byte as it was and nothing is left
+/// beside it; the same upload with the scale it had is streamed and committed.
+#[test]
+fn a_streamed_upload_with_a_scale_xnnpack_refuses_changes_nothing() {
+    if fuse_missing() {
+        return;
+    }
+    let top = tempfile::tempdir().unwrap();
+    let root = top.path().canonicalize().unwrap();
+    let model = root.join("x.pte");
+    // A [1024, 2048] qbint4 filter: 1 MiB of nibbles and 128 KiB of scales, nearly all of
+    // the file.
+    make_xnnpack_model(&model, &["--out-features", "1024", "--in-features", "2048"]);
+    let log = root.join("log");
+    let mut m = Mount::unmounted(top, model.clone(), vec![], &["--log-file", arg(&log), "-v"]);
+    m.mount();
+    let w = m.path("weights.safetensors");
+    let old = read(&w);
+    let (header, data) = st::split(&old);
+    let start = old.len() - data.len();
+    let range = |name: &str| {
+        let o = &header[name]["data_offsets"];
+        start + o[0].as_u64().unwrap() as usize..start + o[1].as_u64().unwrap() as usize
+    };
+    let (weight, scales) = (range("weight"), range("scale_weight"));
+    assert_eq!(header["scale_weight"]["dtype"], "BF16");
+    let mut update = old.clone();
+    for b in &mut update[weight.clone()] {
+        *b ^= 0x5a;
+    }
+    // Scale 0: a bfloat16 NaN.
+    update[scales.start..scales.start + 2].copy_from_slice(&0x7fc0u16.to_le_bytes());
+    let before = read(&model);
+    let names = listing(&root);
+
+    assert_eq!(write_and_close(&m, &w, &update), "EINVAL");
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        said.contains("scale 0 is NaN")
+            && said.contains("XNNPACK accepts only positive normal floats"),
+        "{said}"
+    );
+    assert!(read(&model) == before, "the model changed");
+    std::fs::remove_file(root.join("candidate")).unwrap();
+    assert_eq!(listing(&root), names);
+    assert_eq!(streamed(&log), 0);
+
+    update[scales.start..scales.start + 2].copy_from_slice(&old[scales.start..scales.start + 2]);
+    assert_eq!(write_and_close(&m, &w, &update), "ok");
+    assert_eq!(
+        streamed(&log),
+        1,
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    let shown = read(&w);
+    assert!(
+        shown[weight.clone()] == update[weight],
+        "the new filter is not shown"
+    );
+    std::fs::remove_file(root.join("candidate")).unwrap();
+    assert_eq!(listing(&root), names);
+    offline_check(&m);
+    m.umount();
 }

@@ -264,6 +264,9 @@ fn report(summary: &bulk::Summary, dry_run: bool, out: &mut dyn Write) -> std::i
     } else {
         ("changed", "written")
     };
+    // One write for many lines: standard output writes each line on its own otherwise, and
+    // an update of every tensor of an LLM lists thousands.
+    let mut out = std::io::BufWriter::with_capacity(64 << 10, out);
     // Names come from the model and the update: escaped, as `ptefs ls` shows them.
     for name in &summary.changed {
         writeln!(out, "{changed}\t{}", quote::listed(name))?;
@@ -277,5 +280,6 @@ fn report(summary: &bulk::Summary, dry_run: bool, out: &mut dyn Write) -> std::i
         summary.changed.len(),
         summary.unchanged.len(),
         summary.bytes
-    )
+    )?;
+    out.flush()
 }

@@ -6,12 +6,18 @@
 //! `BLOCK`-aligned offset, and ends at or before the end of what was appended, so the file
 //! is never longer than its content, not even for a moment (a journal longer than its
 //! header declares is not trusted at mount); the last partial block goes through the page
-//! cache. Bytes are appended in order, each exactly once.
+//! cache. Bytes are appended in order, each exactly once. One buffer is written (on a
+//! thread of its own) while the next fills, so reading the bytes and writing them overlap;
+//! blocks are still written in order, one request at a time, and the tail only after every
+//! block before it is on disk.
 
+use std::borrow::Borrow;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use std::thread::JoinHandle;
 
 use memmap2::MmapMut;
 
@@ -22,15 +28,21 @@ use crate::content::Source;
 const BLOCK: usize = 4096;
 /// The buffer: large enough that a direct write is a large request.
 const BUFFER: usize = 8 << 20;
+/// The memory a writer holds: the buffer filling and the one being written.
+pub const MEMORY: u64 = 2 * BUFFER as u64;
 
-/// Writes bytes one after the other from the start of a file opened for writing, through a
-/// page-aligned buffer.
-pub struct DirectWriter<'f> {
-    file: &'f File,
+/// Writes bytes one after the other from the start of a file opened for writing (held, or
+/// borrowed), through a page-aligned buffer.
+pub struct DirectWriter<F: Borrow<File>> {
+    file: F,
+    /// The same open file, for the thread that writes a full buffer.
+    shared: Arc<File>,
     buf: MmapMut,
     filled: usize,
     /// Where `buf[0]` goes in the file.
     at: u64,
+    /// The buffer being written, which the thread gives back.
+    in_flight: Option<JoinHandle<io::Result<MmapMut>>>,
 }
 
 fn set_direct(file: &File, on: bool) -> io::Result<()> {
@@ -58,17 +70,20 @@ pub fn unsupported(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP))
 }
 
-impl<'f> DirectWriter<'f> {
+impl<F: Borrow<File>> DirectWriter<F> {
     /// A writer for `file`, from its start, or an error `unsupported` recognizes when its
     /// file system takes no direct I/O.
-    pub fn new(file: &'f File) -> io::Result<DirectWriter<'f>> {
+    pub fn new(file: F) -> io::Result<DirectWriter<F>> {
         let buf = MmapMut::map_anon(BUFFER)?;
-        set_direct(file, true)?;
+        let shared = Arc::new(file.borrow().try_clone()?);
+        set_direct(file.borrow(), true)?;
         Ok(DirectWriter {
             file,
+            shared,
             buf,
             filled: 0,
             at: 0,
+            in_flight: None,
         })
     }
 
@@ -93,15 +108,39 @@ impl<'f> DirectWriter<'f> {
         Ok(())
     }
 
-    /// Writes the whole blocks of the buffer directly and keeps the rest at its start.
+    /// Waits for the buffer being written; returns it.
+    fn wait(&mut self) -> io::Result<Option<MmapMut>> {
+        match self.in_flight.take() {
+            None => Ok(None),
+            Some(h) => h
+                .join()
+                .map_err(|_| io::Error::other("the thread writing a buffer failed"))?
+                .map(Some),
+        }
+    }
+
+    /// Hands the whole blocks of the buffer to a thread that writes them directly, once the
+    /// buffer before them is written, and goes on in the other buffer with the rest.
     fn write_blocks(&mut self) -> io::Result<()> {
         let whole = self.filled / BLOCK * BLOCK;
         if whole == 0 {
             return Ok(());
         }
-        self.file.write_all_at(&self.buf[..whole], self.at)?;
-        self.buf.copy_within(whole..self.filled, 0);
-        self.filled -= whole;
+        let mut next = match self.wait()? {
+            Some(b) => b,
+            None => MmapMut::map_anon(BUFFER)?,
+        };
+        let rest = self.filled - whole;
+        next[..rest].copy_from_slice(&self.buf[whole..self.filled]);
+        let full = std::mem::replace(&mut self.buf, next);
+        let file = self.shared.clone();
+        let at = self.at;
+        self.in_flight = Some(
+            std::thread::Builder::new()
+                .name("direct-write".into())
+                .spawn(move || file.write_all_at(&full[..whole], at).map(|_| full))?,
+        );
+        self.filled = rest;
         self.at += whole as u64;
         Ok(())
     }
@@ -111,16 +150,21 @@ impl<'f> DirectWriter<'f> {
     /// without `O_DIRECT`, whatever happens.
     pub fn finish(mut self) -> io::Result<u64> {
         self.write_blocks()?;
-        set_direct(self.file, false)?;
-        self.file.write_all_at(&self.buf[..self.filled], self.at)?;
+        self.wait()?;
+        set_direct(self.file.borrow(), false)?;
+        self.file
+            .borrow()
+            .write_all_at(&self.buf[..self.filled], self.at)?;
         Ok(self.at + self.filled as u64)
     }
 }
 
-impl Drop for DirectWriter<'_> {
+impl<F: Borrow<File>> Drop for DirectWriter<F> {
     fn drop(&mut self) {
-        // A writer given up on leaves a descriptor that writes through the page cache again.
-        let _ = set_direct(self.file, false);
+        // A writer given up on leaves a descriptor that writes through the page cache again,
+        // once nothing writes directly any more.
+        let _ = self.wait();
+        let _ = set_direct(self.file.borrow(), false);
     }
 }
 

@@ -855,6 +855,42 @@ mod tests {
         }
     }
 
+    /// A member written as a new copy (an update of most of its file,
+    /// docs/writes.md#large-updates-as-a-new-copy) is one commit with the members written in
+    /// place: the copy is renamed over its file (a new inode), the others written, and
+    /// nothing is left beside any of them.
+    #[test]
+    fn a_member_written_as_a_new_copy_commits_with_the_others() {
+        use std::os::unix::fs::MetadataExt;
+        let (_d, paths) = copies();
+        let old = read_all(&paths);
+        let model = open(&paths);
+        let at = ranges(&model);
+        let ino = std::fs::metadata(&paths[1]).unwrap().ino();
+        let copied = vec![(
+            1,
+            Change::OwnBytes {
+                own: Vec::new(),
+                patches: vec![(at[1].range, Bytes::Owned(vec![0xcd; 64]))],
+            },
+        )];
+        let writes: Vec<Write> = [0, 2]
+            .iter()
+            .map(|&k| Write {
+                location: at[k],
+                bytes: Bytes::Owned(vec![0xcd; 64]),
+                of: None,
+            })
+            .collect();
+        commit(&model, &copied, &writes, &|| (), &Unwatched).unwrap();
+        assert_eq!(state(&paths, &old, &at, 0xcd), Some(true));
+        assert_ne!(std::fs::metadata(&paths[1]).unwrap().ino(), ino);
+        for p in &paths {
+            assert!(!journal_path(p).exists());
+            assert!(relayout::leftovers(p).is_empty());
+        }
+    }
+
     #[test]
     fn every_journal_whole_finishes_the_whole_commit_from_any_one_file() {
         for (first, applied) in [(1, 0), (2, 1), (0, 2), (2, 3)] {

@@ -8,6 +8,7 @@
 
 mod beside;
 pub mod bulk;
+pub mod copy;
 mod direct;
 pub mod float;
 pub mod group;
@@ -118,13 +119,70 @@ pub fn commit<G>(
     )
 }
 
+/// `writes` split into the files they rewrite most of, each with its writes as the patches
+/// of a new copy (`copy::worth_copying`), and the writes of the other files.
+fn as_copies<'a>(
+    model: &Model, writes: Vec<Write<'a>>,
+) -> (Vec<(FileIndex, Change<'a>)>, Vec<Write<'a>>) {
+    let mut written = vec![0u64; model.files.len()];
+    for w in &writes {
+        if let Some(n) = written.get_mut(w.location.file) {
+            *n = n.saturating_add(w.location.range.len());
+        }
+    }
+    let copied: Vec<bool> = written
+        .iter()
+        .zip(&model.files)
+        .map(|(&n, f)| copy::worth_copying(n, f.len()))
+        .collect();
+    if !copied.contains(&true) {
+        return (Vec::new(), writes);
+    }
+    let mut patches: Vec<Vec<(ByteRange, Bytes<'a>)>> =
+        (0..model.files.len()).map(|_| Vec::new()).collect();
+    let mut rest = Vec::new();
+    for w in writes {
+        match patches.get_mut(w.location.file) {
+            Some(p) if copied[w.location.file] => p.push((w.location.range, w.bytes)),
+            _ => rest.push(w),
+        }
+    }
+    let copies = patches
+        .into_iter()
+        .enumerate()
+        .filter(|(file, _)| copied[*file])
+        .map(|(file, patches)| {
+            (
+                file,
+                Change::OwnBytes {
+                    own: Vec::new(),
+                    patches,
+                },
+            )
+        })
+        .collect();
+    (copies, rest)
+}
+
 /// Writes what a validated `plan` says: in place through a journal, or by re-laying a file
 /// out; a plan that changes several files commits them as one (`group`).
 pub fn commit_plan<G>(
     model: &Model, plan: Plan, exclusive: impl Fn() -> G, watcher: &dyn FileWatcher,
 ) -> Result<Outcome> {
     match plan {
-        Plan::InPlace { mut writes } => {
+        Plan::InPlace { writes } => {
+            let (copies, mut writes) = as_copies(model, writes);
+            if !copies.is_empty() {
+                return commit_plan(
+                    model,
+                    Plan::Separate {
+                        relayouts: copies,
+                        in_place: writes,
+                    },
+                    exclusive,
+                    watcher,
+                );
+            }
             writes.sort_by_key(|w| (w.location.file, w.location.range.start()));
             let ranges = joined(writes.iter().map(|w| w.location));
             // Several files: one commit, all old or all new across them
@@ -151,11 +209,12 @@ pub fn commit_plan<G>(
             Ok(Outcome::Relayout { file })
         }
         Plan::Separate {
-            relayouts,
+            mut relayouts,
             in_place,
         } => {
+            let (copies, mut writes) = as_copies(model, in_place);
+            relayouts.extend(copies);
             let first = relayouts.first().map(|(f, _)| *f);
-            let mut writes = in_place;
             writes.sort_by_key(|w| (w.location.file, w.location.range.start()));
             let several = relayouts.len() > 1
                 || (!relayouts.is_empty() && !writes.is_empty())

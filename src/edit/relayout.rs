@@ -122,6 +122,12 @@ pub struct Prepared<'a> {
 /// model; nothing replaces the model yet.
 pub fn prepare<'a>(model: &'a Model, file: FileIndex, change: &Change) -> Result<Prepared<'a>> {
     let mf = &model.files[file];
+    // Same-size writes alone keep the layout: the file is copied with them in place.
+    if let Change::OwnBytes { own, patches } = change {
+        if own.is_empty() {
+            return super::copy::of_patches(mf, patches);
+        }
+    }
     let plan = match &mf.kind {
         Kind::Pte(pte) => plan_pte(mf, pte, change)?,
         Kind::Ptd(ptd) => plan_ptd(ptd, change)?,
@@ -166,7 +172,19 @@ pub fn prepare<'a>(model: &'a Model, file: FileIndex, change: &Change) -> Result
     }
 }
 
-impl Prepared<'_> {
+impl<'a> Prepared<'a> {
+    /// A new file `file` of `model`, complete, durable and named `name` beside it.
+    pub(super) fn new(
+        beside: Beside<'a>, model: &'a ModelFile, name: std::ffi::OsString, file: File,
+    ) -> Prepared<'a> {
+        Prepared {
+            beside,
+            model,
+            name,
+            file,
+        }
+    }
+
     /// The new file's inode and size.
     pub fn identity(&self) -> Result<(u64, u64)> {
         let meta = self
@@ -194,6 +212,12 @@ impl Prepared<'_> {
     /// and makes the rename durable.
     pub fn replace(self) -> Result<()> {
         self.beside.replace_model(&self.name)
+    }
+
+    /// Renames the new file over the model once `watcher` agrees (`rewrite` does this for
+    /// a re-layout it prepared); the new file's name is removed if that fails.
+    pub fn put_in_place(self, watcher: &dyn super::FileWatcher) -> Result<()> {
+        replace_model(&self.beside, &self.name, &self.file, self.model, watcher)
     }
 
     /// Removes the new file's name: the model stays as it was.

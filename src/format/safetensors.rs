@@ -301,7 +301,18 @@ pub struct Header {
 /// Parses a safetensors header (`head` holds the first `header_len` bytes) of a file of
 /// `total` bytes.
 pub fn parse(head: &[u8], total: u64) -> Result<Header, FormatError> {
-    let hlen = header_len(head, total, None)?;
+    parse_for(head, Some(total)).map(|(h, _)| h)
+}
+
+/// Parses the header at the start of a safetensors file whose length is not known yet
+/// (`head` holds at least the whole header): the header, and the length of the data its
+/// tensors declare. The checks are `parse`'s, but the data's length.
+pub fn parse_declared(head: &[u8]) -> Result<(Header, u64), FormatError> {
+    parse_for(head, None)
+}
+
+fn parse_for(head: &[u8], total: Option<u64>) -> Result<(Header, u64), FormatError> {
+    let hlen = header_len(head, total.unwrap_or(head.len() as u64), None)?;
     let json = head
         .get(8..hlen as usize)
         .ok_or_else(|| FormatError::new("safetensors: the header was not read whole"))?;
@@ -338,7 +349,6 @@ pub fn parse(head: &[u8], total: u64) -> Result<Header, FormatError> {
             .map_err(|m| err(format!("{}: {m}", quote::name(&t.name))))?;
     }
     tensors.sort_by_key(|t| (t.begin, t.end));
-    let data_len = total - hlen;
     let mut at = 0;
     for t in &tensors {
         if t.begin != at {
@@ -350,15 +360,20 @@ pub fn parse(head: &[u8], total: u64) -> Result<Header, FormatError> {
         }
         at = t.end;
     }
-    if at != data_len {
-        return Err(err(format!(
-            "the tensors cover {at} bytes of data, the file has {data_len} after its header"
-        )));
+    if let Some(data_len) = total.map(|t| t - hlen) {
+        if at != data_len {
+            return Err(err(format!(
+                "the tensors cover {at} bytes of data, the file has {data_len} after its header"
+            )));
+        }
     }
-    Ok(Header {
-        tensors,
-        data_start: hlen,
-    })
+    Ok((
+        Header {
+            tensors,
+            data_start: hlen,
+        },
+        at,
+    ))
 }
 
 impl TensorInfo {

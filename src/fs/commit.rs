@@ -9,10 +9,11 @@ use std::sync::Arc;
 
 use super::invalidate::Invalidate;
 use super::staging::Staged;
+use super::stream::Stream;
 use super::Fs;
-use crate::edit::{self, Outcome, Source};
+use crate::edit::{self, Outcome, Plan, Source};
 use crate::error::{Error, Result};
-use crate::format::layout::Location;
+use crate::format::layout::{FileIndex, Location};
 use crate::format::{Model, WriteTarget};
 use crate::tree::{Ino, Tree};
 
@@ -83,6 +84,15 @@ pub fn reload(tree: &Tree, ours: bool) -> Result<Tree> {
     Ok(Tree::of_named(catalog, views))
 }
 
+/// What became of a streamed upload at a commit.
+enum Streamed {
+    Committed(Invalidate),
+    /// Not a valid whole yet, and the commit waits (`Invalid::Wait`).
+    Wait,
+    /// To be committed as staged content.
+    AsStaged,
+}
+
 /// What a commit does with content that is not a valid whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Invalid {
@@ -105,10 +115,65 @@ impl Fs {
     /// Commits `staged` as the new content of tree file `ino`; None when the content is not
     /// a valid whole and `invalid` says to wait.
     pub(super) fn commit_staged(
-        &self, ino: Ino, staged: &Staged, invalid: Invalid,
+        &self, ino: Ino, staged: &mut Staged, invalid: Invalid,
     ) -> Result<Option<Invalidate>> {
         let _one_at_a_time = self.commit_lock.lock().unwrap_or_else(|e| e.into_inner());
-        self.commit_bytes(ino, staged.source(), invalid)
+        if let Some(stream) = staged.stream_mut() {
+            match self.commit_stream(ino, stream, invalid)? {
+                Streamed::Committed(inval) => return Ok(Some(inval)),
+                Streamed::Wait => return Ok(None),
+                Streamed::AsStaged => {}
+            }
+        }
+        self.commit_bytes(ino, staged.source()?, invalid)
+    }
+
+    /// Commits an upload streamed into a new copy of the model (docs/writes.md#uploads-written-straight-into-a-new-copy):
+    /// once it is whole, its bytes are validated where they lie in the copy, and the copy
+    /// is completed, made durable and renamed over the model. An upload not yet whole, or
+    /// streamed against a snapshot that some commit or change has replaced since, is
+    /// committed as staged content (`AsStaged`). The caller holds `commit_lock`.
+    fn commit_stream(&self, ino: Ino, stream: &mut Stream, invalid: Invalid) -> Result<Streamed> {
+        if !stream.whole() {
+            return Ok(match invalid {
+                Invalid::Wait => Streamed::Wait,
+                // Refused as staged content is, with the same message.
+                Invalid::Refuse => Streamed::AsStaged,
+            });
+        }
+        let before = self.tree();
+        self.check_files_locked(true)?;
+        let tree = self.tree();
+        if !Arc::ptr_eq(&before, &tree)
+            || !Arc::ptr_eq(&tree.catalog, &stream.start.catalog)
+            || self.changes.now() != stream.start.generation
+        {
+            // The bytes around the tensors in the copy may be older than the model's.
+            return Ok(Streamed::AsStaged);
+        }
+        let path = tree.path(ino);
+        let file = stream.file();
+        let len = stream.received();
+        // The quantization parameters the new bytes land on, as `edit::validate::plan`
+        // checks them after the header (which `Stream::begin` matched).
+        let checked = stream
+            .writes()
+            .and_then(|writes| edit::params::check(&tree.catalog, &Plan::InPlace { writes }));
+        match checked {
+            Ok(()) => {}
+            Err(_) if invalid == Invalid::Wait => return Ok(Streamed::Wait),
+            Err(e) => return Err(e.context(&path)),
+        }
+        let copy = stream
+            .take_copy()
+            .ok_or_else(|| Error::new(libc::EIO, format!("{path}: the upload's copy is gone")))?;
+        copy.finish(&tree.model.files[file])
+            .and_then(|new| new.put_in_place(&*self.watcher))
+            .map_err(|e| e.context(&path))?;
+        log::info!("{path}: the upload was written straight into a new copy of the model file");
+        let outcome = Outcome::Relayout { file };
+        self.after_commit(&tree, ino, &path, &outcome, vec![file], len)
+            .map(Streamed::Committed)
     }
 
     /// Validates `data` as the new content of tree file `ino`, writes it, and switches to
@@ -141,12 +206,23 @@ impl Fs {
         let outcome = edit::identity::separate(&tree.model, plan)
             .and_then(|plan| edit::commit_plan(&tree.model, plan, exclusive, &*self.watcher))
             .map_err(|e| e.context(&path))?;
+        self.after_commit(&tree, ino, &path, &outcome, written, data.len())
+            .map(Some)
+    }
+
+    /// After a commit of `len` bytes to tree file `ino` of `tree` wrote `written`: the
+    /// snapshot follows (kept, or the files re-opened), and what the kernel must forget.
+    fn after_commit(
+        &self, tree: &Arc<Tree>, ino: Ino, path: &str, outcome: &Outcome, written: Vec<FileIndex>,
+        len: u64,
+    ) -> Result<Invalidate> {
+        let outcome = outcome.clone();
         self.stale_digests
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .extend(written);
-        let mut inval = invalidations(&tree, &outcome);
-        if outcome_keeps_structure(&tree, &outcome) {
+        let mut inval = invalidations(tree, &outcome);
+        if outcome_keeps_structure(tree, &outcome) {
             // Handles opened before see that these changed (see `external`).
             self.changes.changed(&inval.inodes);
             // Pictures of the changed values are rendered again (docs/tree.md#histograms).
@@ -158,7 +234,7 @@ impl Fs {
             // proportional to the number of values, not to the tensor.
             self.refresh_identity();
         } else {
-            let new_tree = reload(&tree, true).map_err(|e| {
+            let new_tree = reload(tree, true).map_err(|e| {
                 Error::new(
                     libc::EIO,
                     format!("{path}: written, but re-reading the model failed: {e}"),
@@ -174,10 +250,10 @@ impl Fs {
         }
         // Whatever file was written, the map's digests follow the files, so that `ptefs
         // names --map` and the next mount accept them (docs/writes.md#writing-through-the-named-views).
-        self.follow_digests(&path);
+        self.follow_digests(path);
         self.refusals.clear(ino);
-        log::info!("committed {path} ({} bytes, {outcome:?})", data.len());
-        Ok(Some(inval))
+        log::info!("committed {path} ({len} bytes, {outcome:?})");
+        Ok(inval)
     }
 
     /// After a commit of a mount with named views: the map gets the digests of the files commits

@@ -21,6 +21,7 @@ mod refusals;
 mod reply;
 mod scratch;
 mod staging;
+mod stream;
 mod write;
 
 pub use attr::{Attr, FileType, BLOCK_SIZE};
@@ -442,8 +443,8 @@ impl Fs {
     ) -> R {
         let mut opened_at = None;
         if let Some(h) = fh.and_then(|fh| self.handles.get(fh).ok()) {
-            let h = handles::lock(&h);
-            if let Some(staged) = &h.staged {
+            let mut h = handles::lock(&h);
+            if let Some(staged) = &mut h.staged {
                 return match staged.read(offset, size) {
                     Ok(bytes) => reply(Ok(&bytes)),
                     Err(e) => reply(Err(e)),

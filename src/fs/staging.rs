@@ -10,7 +10,11 @@
 //! anything is allocated, and memory is reserved fallibly, so a request can fail with EFBIG
 //! or ENOMEM but never abort the daemon. Content grows only while the model's file system
 //! has room for what that size needs (`Room`: the staged bytes that spill, and the new file
-//! a re-layout writes), else ENOSPC (docs/writes.md#sizes-and-free-space).
+//! a re-layout writes), else ENOSPC (docs/writes.md#sizes-and-free-space). An upload onto a
+//! `weights.safetensors` that can stream (`fs::stream`) keeps only its header here and its
+//! other bytes in a new copy of the model, whose buffers are charged to the budget too;
+//! whatever needs its content as bytes (a read, a write out of order, a truncate, a commit
+//! that cannot take the copy) turns it back into spilled content first.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -19,6 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::stream::{Start, Stream};
 use crate::edit::Source;
 use crate::error::{Error, Result};
 
@@ -165,7 +170,16 @@ impl Spill {
 
 enum Buffer {
     Memory(Vec<u8>),
-    Spilled { file: File, len: u64 },
+    Spilled {
+        file: File,
+        len: u64,
+    },
+    /// An upload streamed into a new copy of the model (`fs::stream`): its header in
+    /// memory (charged as memory content is), the rest in the copy.
+    Streamed {
+        header: Vec<u8>,
+        stream: Box<Stream>,
+    },
 }
 
 /// What content of a file needs on disk when it grows, beyond its own staged bytes: for a
@@ -199,13 +213,19 @@ pub struct Staged {
     charged: u64,
     /// What growing needs on disk besides the staged bytes.
     room: Room,
+    /// Where an upload may stream to once its header is in (`fs::stream`); None once it
+    /// streams, or cannot.
+    stream_to: Option<Start>,
 }
 
 impl Drop for Staged {
     fn drop(&mut self) {
         self.spill.give_back(self.charged);
-        if let Buffer::Memory(v) = &mut self.buffer {
-            self.spill.keep_spare(std::mem::take(v));
+        match &mut self.buffer {
+            Buffer::Memory(v) | Buffer::Streamed { header: v, .. } => {
+                self.spill.keep_spare(std::mem::take(v))
+            }
+            Buffer::Spilled { .. } => {}
         }
     }
 }
@@ -262,7 +282,107 @@ impl Staged {
             spill,
             charged: 0,
             room: Room::default(),
+            stream_to: None,
         }
+    }
+
+    /// This content, streamed into a new copy of the model when it turns out to be an
+    /// upload that can be (`fs::stream`).
+    pub fn streaming(mut self, start: Start) -> Staged {
+        self.stream_to = Some(start);
+        self
+    }
+
+    /// The stream this content goes to, if it streams.
+    pub fn stream_mut(&mut self) -> Option<&mut Stream> {
+        match &mut self.buffer {
+            Buffer::Streamed { stream, .. } => Some(stream),
+            _ => None,
+        }
+    }
+
+    /// Starts streaming once the in-memory content holds the whole header of an upload
+    /// that can stream; the bytes past the header go to the copy. An upload that cannot
+    /// stays as it is, and is not looked at again.
+    fn try_stream(&mut self) -> Result<()> {
+        if self.stream_to.is_none() {
+            return Ok(());
+        }
+        let Buffer::Memory(v) = &mut self.buffer else {
+            self.stream_to = None;
+            return Ok(());
+        };
+        let Some(n) = v
+            .get(..8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        else {
+            return Ok(());
+        };
+        let Some(header_len) = n.checked_add(8).filter(|&h| h <= SPILL_AT) else {
+            self.stream_to = None;
+            return Ok(());
+        };
+        if (v.len() as u64) < header_len {
+            return Ok(());
+        }
+        let start = self.stream_to.take().expect("checked above");
+        let head = header_len as usize;
+        // The copy's buffers count as staged memory: with too many uploads at once, the
+        // next is staged.
+        if !self.spill.charge(crate::edit::copy::MEMORY) {
+            return Ok(());
+        }
+        let mut stream = match Stream::begin(&start, &v[..head]) {
+            Ok(Some(stream)) => stream,
+            other => {
+                if let Err(e) = other {
+                    log::debug!("staged, not streamed: {e}");
+                }
+                self.spill.give_back(crate::edit::copy::MEMORY);
+                return Ok(());
+            }
+        };
+        self.charged += crate::edit::copy::MEMORY;
+        if v.len() > head {
+            if !stream.takes(header_len, (v.len() - head) as u64) {
+                self.charged -= crate::edit::copy::MEMORY;
+                self.spill.give_back(crate::edit::copy::MEMORY);
+                return Ok(());
+            }
+            stream.write(&v[head..])?;
+            v.truncate(head);
+        }
+        log::debug!(
+            "an upload of {} bytes is streamed into a new copy of the model",
+            stream.total()
+        );
+        let header = std::mem::take(v);
+        self.buffer = Buffer::Streamed {
+            header,
+            stream: Box::new(stream),
+        };
+        Ok(())
+    }
+
+    /// Turns streamed content back into staged content (in a temporary file), read back
+    /// from the copy, which is then given up.
+    pub fn unstream(&mut self) -> Result<()> {
+        let Buffer::Streamed { header, stream } = &mut self.buffer else {
+            return Ok(());
+        };
+        self.spill.free_idle_spare(Duration::ZERO);
+        let file = unnamed_file(self.spill.dir.as_deref())?;
+        file.write_all_at(header, 0)
+            .map_err(|e| Error::io("write staged content to a temporary file", e))?;
+        stream.received_data(|at, chunk| {
+            file.write_all_at(chunk, at)
+                .map_err(|e| Error::io("write staged content to a temporary file", e))
+        })?;
+        let len = stream.received();
+        let _ = stream.take_copy();
+        self.buffer = Buffer::Spilled { file, len };
+        self.spill.give_back(std::mem::take(&mut self.charged));
+        Ok(())
     }
 
     /// This content, needing `room` on disk to grow.
@@ -400,6 +520,7 @@ impl Staged {
         match &self.buffer {
             Buffer::Memory(v) => v.len() as u64,
             Buffer::Spilled { len, .. } => *len,
+            Buffer::Streamed { stream, .. } => stream.received(),
         }
     }
 
@@ -438,6 +559,13 @@ impl Staged {
             Error::new(libc::EFBIG, format!("a write at offset {offset} overflows"))
         })?;
         self.check_size(end)?;
+        if let Buffer::Streamed { stream, .. } = &mut self.buffer {
+            if stream.takes(offset, data.len() as u64) {
+                return stream.write(data);
+            }
+            // Anything but the next bytes of the upload: staged as usual from here on.
+            self.unstream()?;
+        }
         self.check_room(end)?;
         if end > SPILL_AT {
             self.spill()?;
@@ -457,12 +585,18 @@ impl Staged {
                     .map_err(|e| Error::io("write staged content", e))?;
                 *len = (*len).max(end);
             }
+            Buffer::Streamed { .. } => unreachable!("unstreamed above"),
         }
-        Ok(())
+        self.try_stream()
     }
 
     /// Truncates or extends the content to `size` bytes.
     pub fn set_len(&mut self, size: u64) -> Result<()> {
+        if size == self.len() {
+            return Ok(());
+        }
+        self.unstream()?;
+        self.stream_to = None;
         self.check_size(size)?;
         self.check_room(size)?;
         if size > SPILL_AT {
@@ -476,12 +610,14 @@ impl Staged {
                     .map_err(|e| Error::io("resize staged content", e))?;
                 *len = size;
             }
+            Buffer::Streamed { .. } => unreachable!("unstreamed above"),
         }
         Ok(())
     }
 
-    /// `[offset, offset + size)`, clamped to the end.
-    pub fn read(&self, offset: u64, size: u32) -> Result<Vec<u8>> {
+    /// `[offset, offset + size)`, clamped to the end. Streamed content is staged first.
+    pub fn read(&mut self, offset: u64, size: u32) -> Result<Vec<u8>> {
+        self.unstream()?;
         let len = self.len();
         let start = offset.min(len);
         let end = offset.saturating_add(size as u64).min(len);
@@ -493,20 +629,24 @@ impl Staged {
                     .map_err(|e| Error::io("read staged content", e))?;
                 Ok(out)
             }
+            Buffer::Streamed { .. } => Err(Error::new(libc::EIO, "streamed content")),
         }
     }
 
     /// All the content, for a commit: read from memory, or from the spill file in bounded
-    /// chunks (never mapped, so committing GiBs does not grow the daemon).
-    pub fn source(&self) -> Source<'_> {
-        match &self.buffer {
+    /// chunks (never mapped, so committing GiBs does not grow the daemon). Streamed content
+    /// is staged first.
+    pub fn source(&mut self) -> Result<Source<'_>> {
+        self.unstream()?;
+        Ok(match &self.buffer {
             Buffer::Memory(v) => Source::Memory(v),
             Buffer::Spilled { file, len } => Source::File {
                 file,
                 offset: 0,
                 len: *len,
             },
-        }
+            Buffer::Streamed { .. } => return Err(Error::new(libc::EIO, "streamed content")),
+        })
     }
 
     /// Whether the content lives in a temporary file.
@@ -538,7 +678,7 @@ mod tests {
         assert!(spill.in_memory() <= 10 << 20, "{}", spill.in_memory());
         assert!(!all[0].spilled());
         assert!(all[3].spilled());
-        for s in &all {
+        for s in &mut all {
             assert_eq!(s.len(), 4 << 20);
             assert_eq!(s.read((3 << 20) + 5, 3).unwrap(), [7, 7, 7]);
         }
@@ -569,21 +709,21 @@ mod tests {
         assert_eq!(s.len(), SPILL_AT + 14);
         assert_eq!(s.read(0, 4).unwrap(), b"head");
         assert_eq!(s.read(SPILL_AT + 10, 100).unwrap(), b"tail");
-        let all = s.source();
+        let all = s.source().unwrap();
         assert_eq!(all.head(4).unwrap(), b"head");
         assert_eq!(all.len(), SPILL_AT + 14);
         s.set_len(2).unwrap();
-        assert_eq!(s.source().head(10).unwrap(), b"he");
+        assert_eq!(s.source().unwrap().head(10).unwrap(), b"he");
     }
 
     fn buffer_ptr(s: &Staged) -> *const u8 {
         match &s.buffer {
             Buffer::Memory(v) => v.as_ptr(),
-            Buffer::Spilled { .. } => panic!("spilled"),
+            Buffer::Spilled { .. } | Buffer::Streamed { .. } => panic!("not in memory"),
         }
     }
 
-    fn content(s: &Staged) -> Vec<u8> {
+    fn content(s: &mut Staged) -> Vec<u8> {
         s.read(0, u32::MAX).unwrap()
     }
 
@@ -608,7 +748,7 @@ mod tests {
         second.write_at(1 << 20, b"late").unwrap();
         let mut want = vec![0u8; (1 << 20) + 4];
         want[1 << 20..].copy_from_slice(b"late");
-        assert_eq!(content(&second), want);
+        assert_eq!(content(&mut second), want);
         // Appends, overwrites and writes past the end agree with a plain vector.
         second.write_at(want.len() as u64, b"next").unwrap();
         want.extend_from_slice(b"next");
@@ -616,7 +756,7 @@ mod tests {
         want[2..4].copy_from_slice(b"xy");
         second.write_at(want.len() as u64 + 3, b"z").unwrap();
         want.extend_from_slice(&[0, 0, 0, b'z']);
-        assert_eq!(content(&second), want);
+        assert_eq!(content(&mut second), want);
         drop(second);
         assert_eq!(spill.in_memory(), 0);
 

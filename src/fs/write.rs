@@ -30,6 +30,7 @@ use super::handles::{lock, Handle, Target};
 use super::hidden::Process;
 use super::invalidate::Invalidate;
 use super::staging::{self, Relayout, Room, SizeLimits, Spill, Staged};
+use super::stream::Start;
 use super::{not_found_in, not_utf8, scratch, utf8, Attr, Fs, Opened};
 use crate::error::{Error, Result};
 use crate::format::target::resizable_limit;
@@ -134,6 +135,21 @@ impl Fs {
             })
         });
         Ok(Staged::new(limit, why, self.spill.clone()).needing(Room { relayout }))
+    }
+
+    /// Empty staged content for tree file `ino`, emptied by an open or a truncate: an
+    /// upload onto a `weights.safetensors` written from here streams into a new copy of the
+    /// model when it can (docs/writes.md#uploads-written-straight-into-a-new-copy).
+    fn emptied_staged(&self, tree: &Tree, ino: Ino) -> Result<Staged> {
+        let staged = self.new_staged(tree, ino)?;
+        Ok(match self.write_target(tree, ino)? {
+            WriteTarget::Weights { view } => staged.streaming(Start {
+                catalog: tree.catalog.clone(),
+                view: *view,
+                generation: self.changes.now(),
+            }),
+            _ => staged,
+        })
     }
 
     /// Sets the sizes staged content may take (docs/writes.md#sizes-and-free-space).
@@ -275,7 +291,7 @@ impl Fs {
                     return Err(self.not_writable(&tree, ino));
                 }
                 if truncate {
-                    let mut staged = self.new_staged(&tree, ino)?;
+                    let mut staged = self.emptied_staged(&tree, ino)?;
                     // The new content is most likely as long as the old.
                     staged.reserve(tree.size(ino));
                     handle.staged = Some(staged);
@@ -407,7 +423,7 @@ impl Fs {
             if let Some(shared) = self.fresh_writer(ino, caller) {
                 let tree = self.tree();
                 let mut h = lock(&shared);
-                h.staged = Some(self.new_staged(&tree, ino)?);
+                h.staged = Some(self.emptied_staged(&tree, ino)?);
                 h.dirty = true;
                 h.truncated_only = true;
                 drop(h);
@@ -471,7 +487,7 @@ impl Fs {
                 let tree = self.tree();
                 if h.staged.is_none() {
                     h.staged = Some(if size == 0 {
-                        self.new_staged(&tree, ino)?
+                        self.emptied_staged(&tree, ino)?
                     } else {
                         self.staged_copy(&tree, ino)?
                     });
@@ -517,7 +533,7 @@ impl Fs {
         staged
             .set_len(size)
             .map_err(|e| e.context(tree.path(ino)))?;
-        self.commit_staged(ino, &staged, Invalid::Refuse)
+        self.commit_staged(ino, &mut staged, Invalid::Refuse)
             .map(Option::unwrap_or_default)
     }
 
@@ -531,7 +547,7 @@ impl Fs {
             return Ok(());
         };
         if h.truncated_only && !h.refused {
-            let checked = self.validate_staged(ino, &h);
+            let checked = self.validate_staged(ino, &mut h);
             h.refused = checked.is_err();
             // Logged at the last close, if nothing is written by then: the writes usually
             // come after this close of a duplicate (`dd`, `cmd > file`).
@@ -571,14 +587,14 @@ impl Fs {
     }
 
     /// Why `h`'s staged content would not pass validation as the new content of `ino`.
-    fn validate_staged(&self, ino: Ino, h: &Handle) -> Result<()> {
+    fn validate_staged(&self, ino: Ino, h: &mut Handle) -> Result<()> {
         let tree = self.tree();
         let staged = h
             .staged
-            .as_ref()
+            .as_mut()
             .ok_or_else(|| Error::new(libc::EIO, "nothing staged"))?;
         let target = self.write_target(&tree, ino)?;
-        crate::edit::validate(&tree.catalog, target, staged.source())
+        crate::edit::validate(&tree.catalog, target, staged.source()?)
             .map_err(|e| e.context(tree.path(ino)))
     }
 
@@ -588,7 +604,7 @@ impl Fs {
         if !h.dirty {
             return Ok(Invalidate::default());
         }
-        let staged = h.staged.as_ref().expect("a changed handle holds content");
+        let staged = h.staged.as_mut().expect("a changed handle holds content");
         match self.commit_staged(ino, staged, invalid) {
             Ok(Some(inval)) => {
                 h.dirty = false;
@@ -707,7 +723,7 @@ impl Fs {
             }
             let content = self.scratch_content(src)?;
             let mut inval = self
-                .commit_staged(dst, &scratch::lock(&content), Invalid::Refuse)?
+                .commit_staged(dst, &mut scratch::lock(&content), Invalid::Refuse)?
                 .unwrap_or_default();
             if dst_hidden {
                 self.hidden.show(&tree.path(dst));
