@@ -213,6 +213,16 @@ pub fn serve(
             log::info!("unmounted {}", mountpoint.display());
             Ok(())
         }
+        // The kernel ends the connection of a detached (lazily unmounted) mount this way when
+        // its last user lets go, as it ends a plain unmount with ENODEV, which the session
+        // takes as its end.
+        Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => {
+            log::info!(
+                "unmounted {} (the kernel ended the connection)",
+                mountpoint.display()
+            );
+            Ok(())
+        }
         Err(e) => Err(Error::io("the FUSE session failed", e)),
     }
 }
