@@ -1259,3 +1259,168 @@ fn a_streamed_upload_with_a_scale_xnnpack_refuses_changes_nothing() {
     offline_check(&m);
     m.umount();
 }
+
+/// How many threads of process `pid` are writing a buffer of a new copy.
+fn writing_threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "direct-write")
+        })
+        .count()
+}
+
+/// A tmpfs of `size` mounted on `dir` (created), unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir(dir).unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount -t tmpfs failed");
+        Tmpfs(dir.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Fills the file system of `dir` with a file `name` until it refuses more, then leaves
+/// `spare` bytes free.
+fn fill_up(dir: &Path, name: &str, spare: u64) -> PathBuf {
+    let p = dir.join(name);
+    let mut f = std::fs::File::create(&p).unwrap();
+    let chunk = vec![0u8; 1 << 20];
+    loop {
+        match f.write(&chunk) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+                break;
+            }
+        }
+    }
+    f.set_len(f.metadata().unwrap().len().saturating_sub(spare))
+        .unwrap();
+    p
+}
+
+/// docs/writes.md#uploads-written-straight-into-a-new-copy: bytes a streamed upload was
+/// given reach the model, or the upload is refused; never bytes it was not given. Here the
+/// model's file system is full for a moment (another user's file) while the copy's second
+/// 8 MiB buffer goes to the disk, and the writer's process runs a command in between (its
+/// `exec` closes a duplicate of the descriptor: a commit attempt the writer never hears of).
+/// The upload goes on once there is room again and its close() succeeds: the model must then
+/// hold every byte the upload wrote (it held 12 MiB of zeros where the lost buffer was).
+#[test]
+fn a_streamed_upload_that_met_a_full_disk_never_commits_bytes_it_was_not_given() {
+    if fuse_missing() {
+        return;
+    }
+    const COUNT: usize = 8;
+    const SIDE: i32 = 1024; // FLOAT[1024, 1024]: 4 MiB a tensor, 32 MiB in all
+    const BYTES: usize = (SIDE * SIDE * 4) as usize;
+    let top = tempfile::tempdir().unwrap();
+    let root = top.path().canonicalize().unwrap();
+    // The model (32 MiB), its new copy (32 MiB) and some room.
+    let small = Tmpfs::mount(&root.join("small"), "80M");
+    let model = small.0.join("m.ptd");
+    let base = many_tensor_ptd(&model, COUNT, SIDE, |i, c| c.fill(i as u8)) as usize;
+    let log = root.join("log");
+    let mut m = Mount::unmounted(top, model.clone(), vec![], &["--log-file", arg(&log), "-v"]);
+    m.mount();
+    let w = m.path("weights.safetensors");
+    let names: Vec<String> = (0..COUNT).map(layer_name).collect();
+    let shape = [SIDE as u64, SIDE as u64];
+    let tensors: Vec<(&str, &str, &[u64], u64)> = names
+        .iter()
+        .map(|n| (n.as_str(), "F32", &shape[..], BYTES as u64))
+        .collect();
+    let mut upload = st::header(&tensors);
+    let data_start = upload.len();
+    upload.extend((0..COUNT * BYTES).map(|i| (i % 251) as u8 | 1));
+    let before = read(&model);
+
+    let f = open_for_writing(&w);
+    let mut at = 0;
+    let mut write_to = |end: usize| -> std::io::Result<()> {
+        while at < end {
+            let n = (end - at).min(1 << 20);
+            f.write_all_at(&upload[at..at + n], at as u64)?;
+            at += n;
+        }
+        Ok(())
+    };
+    let mut refused = write_to(12 << 20).err();
+    // The copy's first 8 MiB are on the disk before it fills up.
+    let pid = daemon_pid(&m.mnt);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while refused.is_none()
+        && !unnamed_files(pid)
+            .iter()
+            .any(|(_, meta)| meta.len() >= 8 << 20)
+    {
+        assert!(std::time::Instant::now() < deadline, "no copy of 8 MiB");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let filler = fill_up(&small.0, "filler", 0);
+    if refused.is_none() {
+        // The copy's second buffer (its bytes 8..16 MiB) is written while the disk is full.
+        refused = write_to(17 << 20).err();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while writing_threads(pid) > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the copy is still written"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+    // Some room again: enough for small files, not for the lost 8 MiB.
+    let len = std::fs::metadata(&filler).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&filler)
+        .and_then(|f| f.set_len(len.saturating_sub(1 << 20)))
+        .unwrap();
+    if refused.is_none() {
+        // What a writer's `subprocess.run` does to its open descriptors: a flush.
+        // SAFETY: a descriptor this test owns, duplicated and the duplicate closed once.
+        unsafe { libc::close(libc::dup(std::os::fd::AsRawFd::as_raw_fd(&f))) };
+    }
+    std::fs::remove_file(&filler).unwrap();
+    if refused.is_none() {
+        refused = write_to(upload.len()).err();
+    }
+    let fd = std::os::fd::IntoRawFd::into_raw_fd(f);
+    // SAFETY: a descriptor this test owns, closed once.
+    let closed = unsafe { libc::close(fd) } == 0;
+    let now = read(&model);
+    if refused.is_none() && closed {
+        let bad: Vec<usize> = (0..COUNT * BYTES / (1 << 20))
+            .filter(|&mib| {
+                let r = mib << 20..(mib + 1) << 20;
+                now[base + r.start..base + r.end]
+                    != upload[data_start + r.start..data_start + r.end]
+            })
+            .collect();
+        assert!(
+            bad.is_empty(),
+            "close() succeeded, but MiB {bad:?} of the tensors do not hold what the upload wrote\n{}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+    } else {
+        assert!(now == before, "a refused upload changed the model");
+    }
+    assert_eq!(listing(&small.0), ["m.ptd"]);
+    m.umount();
+}
