@@ -1424,3 +1424,118 @@ fn a_streamed_upload_that_met_a_full_disk_never_commits_bytes_it_was_not_given()
     assert_eq!(listing(&small.0), ["m.ptd"]);
     m.umount();
 }
+
+/// The extended attribute `name` of `p`, None when it has none.
+fn get_xattr(p: &Path, name: &str) -> Option<Vec<u8>> {
+    let path = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let name = std::ffi::CString::new(name).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: C strings and a buffer of the given length.
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    (n >= 0).then(|| buf[..n as usize].to_vec())
+}
+
+fn set_xattr(p: &Path, name: &str, value: &[u8]) {
+    let path = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let c = std::ffi::CString::new(name).unwrap();
+    // SAFETY: C strings and a buffer of the given length.
+    let rc = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            c.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "setxattr {name}: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// docs/writes.md#large-updates-as-a-new-copy: "mode and owner are kept". A model whose
+/// access is set by an ACL (its owner's group may only read it, one other user may read and
+/// write it) and that carries an attribute of its own keeps them after an upload streamed
+/// into a new copy: the copy must not give the owner's group write access (the ACL's mask
+/// taken as the group's bits), nor drop the other user's access or the attribute.
+#[test]
+fn an_upload_written_as_a_new_copy_keeps_the_models_acl_and_attributes() {
+    if fuse_missing() {
+        return;
+    }
+    const COUNT: usize = 8;
+    const SIDE: i32 = 256; // 2 MiB in all
+    const BYTES: usize = (SIDE * SIDE * 4) as usize;
+    let top = tempfile::tempdir().unwrap();
+    let root = top.path().canonicalize().unwrap();
+    let model = root.join("m.ptd");
+    many_tensor_ptd(&model, COUNT, SIDE, |i, c| c.fill(i as u8));
+    std::os::unix::fs::chown(&model, Some(54321), Some(54322)).unwrap();
+    // user::rw- user:4321:rw- group::r-- mask::rw- other::---
+    let entry = |tag: u16, perm: u16, id: u32| {
+        let mut e = tag.to_le_bytes().to_vec();
+        e.extend_from_slice(&perm.to_le_bytes());
+        e.extend_from_slice(&id.to_le_bytes());
+        e
+    };
+    let mut acl = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in [
+        (0x01, 6, u32::MAX),
+        (0x02, 6, 4321),
+        (0x04, 4, u32::MAX),
+        (0x10, 6, u32::MAX),
+        (0x20, 0, u32::MAX),
+    ] {
+        acl.extend(entry(tag, perm, id));
+    }
+    set_xattr(&model, "system.posix_acl_access", &acl);
+    set_xattr(&model, "user.origin", b"fine-tune 7");
+    let acl_before = get_xattr(&model, "system.posix_acl_access");
+    let meta = std::fs::metadata(&model).unwrap();
+    let log = root.join("log");
+    let mut m = Mount::unmounted(top, model.clone(), vec![], &["--log-file", arg(&log), "-v"]);
+    m.mount();
+    let names: Vec<String> = (0..COUNT).map(layer_name).collect();
+    let shape = [SIDE as u64, SIDE as u64];
+    let tensors: Vec<(&str, &str, &[u64], u64)> = names
+        .iter()
+        .map(|n| (n.as_str(), "F32", &shape[..], BYTES as u64))
+        .collect();
+    let mut upload = st::header(&tensors);
+    upload.extend(std::iter::repeat_n(0x5a, COUNT * BYTES));
+    assert_eq!(
+        write_and_close(&m, &m.path("weights.safetensors"), &upload),
+        "ok"
+    );
+    assert_eq!(
+        streamed(&log),
+        1,
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    let after = std::fs::metadata(&model).unwrap();
+    assert_ne!(after.ino(), meta.ino(), "not written as a new copy");
+    assert_eq!((after.uid(), after.gid()), (54321, 54322));
+    assert_eq!(after.mode() & 0o7777, meta.mode() & 0o7777);
+    assert_eq!(
+        get_xattr(&model, "system.posix_acl_access"),
+        acl_before,
+        "the model's ACL is not the one it had: its group may now write it (mode {:o}), user 4321 lost its access",
+        after.mode() & 0o7777
+    );
+    assert_eq!(
+        get_xattr(&model, "user.origin").as_deref(),
+        Some(&b"fine-tune 7"[..])
+    );
+    m.umount();
+}
