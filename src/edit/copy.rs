@@ -39,6 +39,19 @@ pub fn worth_copying(written: u64, len: u64) -> bool {
     len >= COPY_FROM && written > len / 2
 }
 
+/// Whether `model` may be replaced by a new copy: not when it has extended attributes (an
+/// ACL, `user.*`, security labels), which a copy would not carry, so its commits stay in
+/// place where they are kept. Unknown (the attributes cannot be listed) counts as having
+/// some.
+pub fn may_copy(model: &ModelFile) -> bool {
+    let Some(file) = model.file.as_ref() else {
+        return false;
+    };
+    // SAFETY: with a null buffer and size 0, flistxattr only returns the list's length.
+    let n = unsafe { libc::flistxattr(file.as_raw_fd(), std::ptr::null_mut(), 0) };
+    n == 0
+}
+
 /// The memory a copy being written holds (its direct I/O buffers).
 pub const MEMORY: u64 = direct::MEMORY;
 
@@ -61,6 +74,10 @@ pub struct Copy {
     pte: bool,
     /// Complete and durable: nothing more is written.
     complete: bool,
+    /// Why a write to the copy failed: its bytes may be lost (a direct write fails after
+    /// the calls that gave it its bytes returned), so it can never be committed, read back
+    /// or written again.
+    failed: Option<String>,
 }
 
 /// Appends `bytes` at `pos` of `out`: through `direct` when there is one, else from a
@@ -150,16 +167,42 @@ impl Copy {
             shown,
             pte: matches!(model.kind, Kind::Pte(_)),
             complete: false,
+            failed: None,
         })
     }
 
-    /// The copy, to read back what was written (after `settle`).
-    pub fn file(&self) -> &File {
-        &self.out
+    /// The copy, to read back what was written (after `settle`); an error once a write to
+    /// it failed.
+    pub fn file(&self) -> Result<&File> {
+        self.usable()?;
+        Ok(&self.out)
+    }
+
+    /// An error once a write to the copy failed (`failed`).
+    fn usable(&self) -> Result<()> {
+        match &self.failed {
+            Some(why) => Err(Error::new(
+                libc::EIO,
+                format!(
+                    "{} lost bytes to a failed write ({why}): it cannot be used",
+                    self.shown
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Remembers a failed write (`failed`) and passes its error on.
+    fn note<T>(&mut self, r: Result<T>) -> Result<T> {
+        if let Err(e) = &r {
+            self.failed.get_or_insert_with(|| e.message().to_string());
+        }
+        r
     }
 
     /// Copies the model's bytes up to `at`.
     fn copy_to(&mut self, at: u64) -> Result<()> {
+        self.usable()?;
         if at < self.pos || at > self.len {
             return Err(Error::invalid(format!(
                 "a copy of {} bytes written up to {} cannot be written at {at}",
@@ -177,8 +220,9 @@ impl Copy {
             offset: self.pos,
             len: at - self.pos,
         };
-        append(&mut self.direct, &self.out, &mut self.buf, self.pos, gap)
-            .map_err(io(format!("copy the model into {}", self.shown)))?;
+        let copied = append(&mut self.direct, &self.out, &mut self.buf, self.pos, gap)
+            .map_err(io(format!("copy the model into {}", self.shown)));
+        self.note(copied)?;
         self.pos = at;
         Ok(())
     }
@@ -188,8 +232,10 @@ impl Copy {
         if self.complete {
             return Err(Error::invalid(format!("{} is complete", self.shown)));
         }
-        append(&mut self.direct, &self.out, &mut self.buf, self.pos, bytes)
-            .map_err(io(format!("write {}", self.shown)))?;
+        self.usable()?;
+        let appended = append(&mut self.direct, &self.out, &mut self.buf, self.pos, bytes)
+            .map_err(io(format!("write {}", self.shown)));
+        self.note(appended)?;
         self.pos += bytes.len();
         Ok(())
     }
@@ -219,21 +265,30 @@ impl Copy {
     /// Writes out what direct I/O holds back and goes on through the page cache: what was
     /// written can then be read back through `file`.
     pub fn settle(&mut self) -> Result<()> {
-        if let Some(w) = self.direct.take() {
-            let n = w.finish().map_err(io(format!("write {}", self.shown)))?;
-            if n != self.pos {
-                return Err(Error::new(
-                    libc::EIO,
-                    format!("{}: {n} bytes written, expected {}", self.shown, self.pos),
-                ));
-            }
-        }
-        Ok(())
+        self.usable()?;
+        let Some(w) = self.direct.take() else {
+            return Ok(());
+        };
+        let settled = w
+            .finish()
+            .map_err(io(format!("write {}", self.shown)))
+            .and_then(|n| {
+                if n == self.pos {
+                    Ok(())
+                } else {
+                    Err(Error::new(
+                        libc::EIO,
+                        format!("{}: {n} bytes written, expected {}", self.shown, self.pos),
+                    ))
+                }
+            });
+        self.note(settled)
     }
 
     /// Copies the rest of the model, gives the copy the model's mode, makes it durable and
     /// checks that it parses back as the same kind of file.
     pub fn complete(&mut self) -> Result<()> {
+        self.usable()?;
         if self.complete {
             return Ok(());
         }
@@ -246,9 +301,11 @@ impl Copy {
         // The owner was set at creation; the mode waits until the bytes are complete.
         // SAFETY: a plain system call on an open descriptor.
         unsafe { libc::fchmod(self.out.as_raw_fd(), meta.mode() & 0o7777) };
-        self.out
+        let synced = self
+            .out
             .sync_all()
-            .map_err(io(format!("fsync {}", self.shown)))?;
+            .map_err(io(format!("fsync {}", self.shown)));
+        self.note(synced)?;
         self.check()?;
         self.complete = true;
         Ok(())

@@ -43,6 +43,9 @@ pub struct DirectWriter<F: Borrow<File>> {
     at: u64,
     /// The buffer being written, which the thread gives back.
     in_flight: Option<JoinHandle<io::Result<MmapMut>>>,
+    /// Set once a write failed: the bytes it held are lost, so the file can never be whole
+    /// and every later call fails too.
+    broken: bool,
 }
 
 fn set_direct(file: &File, on: bool) -> io::Result<()> {
@@ -84,11 +87,29 @@ impl<F: Borrow<File>> DirectWriter<F> {
             filled: 0,
             at: 0,
             in_flight: None,
+            broken: false,
         })
     }
 
+    /// An error if an earlier write failed (`broken`).
+    fn usable(&self) -> io::Result<()> {
+        if self.broken {
+            return Err(io::Error::other(
+                "an earlier write of this file failed: its bytes are lost",
+            ));
+        }
+        Ok(())
+    }
+
     /// Appends the bytes of `src`, adding them to `crc` when given.
-    pub fn append(
+    pub fn append(&mut self, src: Source, crc: Option<&mut crc32fast::Hasher>) -> io::Result<()> {
+        self.usable()?;
+        let appended = self.append_unchecked(src, crc);
+        self.broken |= appended.is_err();
+        appended
+    }
+
+    fn append_unchecked(
         &mut self, src: Source, mut crc: Option<&mut crc32fast::Hasher>,
     ) -> io::Result<()> {
         let mut done = 0u64;
@@ -149,6 +170,7 @@ impl<F: Borrow<File>> DirectWriter<F> {
     /// cache; returns how many bytes were written in all. The file's descriptor is left
     /// without `O_DIRECT`, whatever happens.
     pub fn finish(mut self) -> io::Result<u64> {
+        self.usable()?;
         self.write_blocks()?;
         self.wait()?;
         set_direct(self.file.borrow(), false)?;

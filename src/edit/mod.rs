@@ -133,7 +133,7 @@ fn as_copies<'a>(
     let copied: Vec<bool> = written
         .iter()
         .zip(&model.files)
-        .map(|(&n, f)| copy::worth_copying(n, f.len()))
+        .map(|(&n, f)| copy::worth_copying(n, f.len()) && copy::may_copy(f))
         .collect();
     if !copied.contains(&true) {
         return (Vec::new(), writes);

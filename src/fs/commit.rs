@@ -156,9 +156,10 @@ impl Fs {
         let len = stream.received();
         // The quantization parameters the new bytes land on, as `edit::validate::plan`
         // checks them after the header (which `Stream::begin` matched).
-        let checked = stream
-            .writes()
-            .and_then(|writes| edit::params::check(&tree.catalog, &Plan::InPlace { writes }));
+        // A copy that lost bytes fails here, fsync included; only what validation refuses
+        // waits for more of the upload.
+        let writes = stream.writes().map_err(|e| e.context(&path))?;
+        let checked = edit::params::check(&tree.catalog, &Plan::InPlace { writes });
         match checked {
             Ok(()) => {}
             Err(_) if invalid == Invalid::Wait => return Ok(Streamed::Wait),

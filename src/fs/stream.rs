@@ -100,14 +100,14 @@ impl Stream {
             return Ok(None);
         };
         let mf = &model.files[file];
-        if !copy::worth_copying(data_len, mf.len()) {
+        if !copy::worth_copying(data_len, mf.len()) || !copy::may_copy(mf) {
             return Ok(None);
         }
         let Some(copy) = Copy::begin(mf)? else {
             return Ok(None);
         };
         let file_of_copy = copy
-            .file()
+            .file()?
             .try_clone()
             .map_err(|e| Error::io("duplicate the new copy", e))?;
         Ok(Some(Stream {
