@@ -729,14 +729,9 @@ fn a_1_gib_update_of_a_1_gib_model_keeps_the_daemon_under_256_mib() {
     m.mount();
     let pid = daemon_pid(&m.mnt);
 
-    let names: Vec<String> = (0..COUNT).map(layer_name).collect();
-    let shape = [SIDE as u64, SIDE as u64];
-    let tensors: Vec<(&str, &str, &[u64], u64)> = names
-        .iter()
-        .map(|n| (n.as_str(), "F32", &shape[..], BYTES))
-        .collect();
+    let header = st::layers_header(COUNT, SIDE);
     let mut f = open_for_writing(&m.path("weights.safetensors"));
-    f.write_all(&st::header(&tensors)).unwrap();
+    f.write_all(&header).unwrap();
     let mut chunk = vec![0u8; 1 << 20];
     for i in 0..COUNT {
         chunk.fill(0x80 + i as u8);
@@ -1090,13 +1085,7 @@ fn an_upload_written_in_order_streams_into_a_new_copy_and_anything_else_is_stage
     let mut m = Mount::unmounted(top, model.clone(), vec![], &["--log-file", arg(&log), "-v"]);
     m.mount();
     let w = m.path("weights.safetensors");
-    let names: Vec<String> = (0..COUNT).map(layer_name).collect();
-    let shape = [SIDE as u64, SIDE as u64];
-    let tensors: Vec<(&str, &str, &[u64], u64)> = names
-        .iter()
-        .map(|n| (n.as_str(), "F32", &shape[..], BYTES as u64))
-        .collect();
-    let header = st::header(&tensors);
+    let header = st::layers_header(COUNT, SIDE);
     let upload = |fill: u8| -> Vec<u8> {
         let mut out = header.clone();
         for i in 0..COUNT {
@@ -1339,13 +1328,7 @@ fn a_streamed_upload_that_met_a_full_disk_never_commits_bytes_it_was_not_given()
     let mut m = Mount::unmounted(top, model.clone(), vec![], &["--log-file", arg(&log), "-v"]);
     m.mount();
     let w = m.path("weights.safetensors");
-    let names: Vec<String> = (0..COUNT).map(layer_name).collect();
-    let shape = [SIDE as u64, SIDE as u64];
-    let tensors: Vec<(&str, &str, &[u64], u64)> = names
-        .iter()
-        .map(|n| (n.as_str(), "F32", &shape[..], BYTES as u64))
-        .collect();
-    let mut upload = st::header(&tensors);
+    let mut upload = st::layers_header(COUNT, SIDE);
     let data_start = upload.len();
     upload.extend((0..COUNT * BYTES).map(|i| (i % 251) as u8 | 1));
     let before = read(&model);
@@ -1505,13 +1488,7 @@ fn an_update_of_most_of_a_model_with_an_acl_stays_in_place_and_keeps_it() {
     let log = root.join("log");
     let mut m = Mount::unmounted(top, model.clone(), vec![], &["--log-file", arg(&log), "-v"]);
     m.mount();
-    let names: Vec<String> = (0..COUNT).map(layer_name).collect();
-    let shape = [SIDE as u64, SIDE as u64];
-    let tensors: Vec<(&str, &str, &[u64], u64)> = names
-        .iter()
-        .map(|n| (n.as_str(), "F32", &shape[..], BYTES as u64))
-        .collect();
-    let mut upload = st::header(&tensors);
+    let mut upload = st::layers_header(COUNT, SIDE);
     upload.extend(std::iter::repeat_n(0x5a, COUNT * BYTES));
     assert_eq!(
         write_and_close(&m, &m.path("weights.safetensors"), &upload),

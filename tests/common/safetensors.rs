@@ -104,6 +104,19 @@ pub fn layer_name(i: usize) -> String {
     format!("layer{i:02}.weight")
 }
 
+/// The safetensors header of the `count` FLOAT[side, side] tensors of a `.ptd` written by
+/// `many_tensor_ptd`, as F32.
+pub fn layers_header(count: usize, side: i32) -> Vec<u8> {
+    let names: Vec<String> = (0..count).map(layer_name).collect();
+    let shape = [side as u64, side as u64];
+    let bytes = shape[0] * shape[1] * 4;
+    let tensors: Vec<(&str, &str, &[u64], u64)> = names
+        .iter()
+        .map(|n| (n.as_str(), "F32", &shape[..], bytes))
+        .collect();
+    header(&tensors)
+}
+
 /// The program region of a `.ptd` of `count` named FLOAT[side, side] tensors, each in its
 /// own segment, padded to the segment base; and the bytes of one tensor.
 fn ptd_head(count: usize, side: i32) -> (Vec<u8>, u64) {
