@@ -285,6 +285,49 @@ fn a_relayout_is_told_before_its_rename_and_a_refusal_abandons_it() {
     );
 }
 
+/// A re-layout gives the new file the model's ACL and attributes, not only its mode
+/// (docs/writes.md#size-changing-commits): with an access ACL the mode's group bits are the
+/// ACL's mask, which the mode alone would turn into the group's own access.
+#[test]
+fn a_relayout_keeps_the_models_acl_and_attributes() {
+    use std::os::unix::fs::MetadataExt;
+    let c = copy_fixture("linear_xnnpack.pte");
+    // user::rw- user:4321:rw- group::r-- mask::rw- other::---
+    let mut acl = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in [
+        (0x01u16, 6u16, u32::MAX),
+        (0x02, 6, 4321),
+        (0x04, 4, u32::MAX),
+        (0x10, 6, u32::MAX),
+        (0x20, 0, u32::MAX),
+    ] {
+        acl.extend(tag.to_le_bytes());
+        acl.extend(perm.to_le_bytes());
+        acl.extend(id.to_le_bytes());
+    }
+    common::set_xattr(&c.model, "system.posix_acl_access", &acl);
+    common::set_xattr(&c.model, "user.origin", b"fine-tune 7");
+    let acl_before = common::get_xattr(&c.model, "system.posix_acl_access");
+    let before = std::fs::metadata(&c.model).unwrap();
+    let fs = open(&c, false);
+    let path = "plans/forward/delegates/0/processed.bin";
+    let mut grown = read_all(&fs, fs.tree().find(path).unwrap());
+    grown.extend(pattern(1000, 5));
+    replace(&fs, path, &grown).unwrap();
+    let after = std::fs::metadata(&c.model).unwrap();
+    assert_ne!(after.ino(), before.ino(), "not re-laid out");
+    assert!(after.len() > before.len());
+    assert_eq!(after.mode() & 0o7777, before.mode() & 0o7777);
+    assert!(
+        common::get_xattr(&c.model, "system.posix_acl_access") == acl_before,
+        "the ACL is not the model's"
+    );
+    assert_eq!(
+        common::get_xattr(&c.model, "user.origin").as_deref(),
+        Some(&b"fine-tune 7"[..])
+    );
+}
+
 #[test]
 fn partial_writes_and_truncate_stage_until_close() {
     let (c, fs, before, ino) = linear_weight();

@@ -25,7 +25,7 @@ use std::process::Command;
 
 use common::mount::{py, py_errno, run, text, xattr, Mount, BIN};
 use common::safetensors::{self as st, layer_name, many_tensor_ptd};
-use common::{copy_fixture, fuse_missing, pattern, sha256_hex};
+use common::{copy_fixture, fuse_missing, get_xattr, pattern, set_xattr, sha256_hex};
 use serde_json::Value;
 
 /// A copy of fixture `name` mounted with `--log-file`; the log is in the copy's directory.
@@ -1406,44 +1406,6 @@ fn a_streamed_upload_that_met_a_full_disk_never_commits_bytes_it_was_not_given()
     }
     assert_eq!(listing(&small.0), ["m.ptd"]);
     m.umount();
-}
-
-/// The extended attribute `name` of `p`, None when it has none.
-fn get_xattr(p: &Path, name: &str) -> Option<Vec<u8>> {
-    let path = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-    let name = std::ffi::CString::new(name).unwrap();
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: C strings and a buffer of the given length.
-    let n = unsafe {
-        libc::getxattr(
-            path.as_ptr(),
-            name.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    (n >= 0).then(|| buf[..n as usize].to_vec())
-}
-
-fn set_xattr(p: &Path, name: &str, value: &[u8]) {
-    let path = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-    let c = std::ffi::CString::new(name).unwrap();
-    // SAFETY: C strings and a buffer of the given length.
-    let rc = unsafe {
-        libc::setxattr(
-            path.as_ptr(),
-            c.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    assert_eq!(
-        rc,
-        0,
-        "setxattr {name}: {}",
-        std::io::Error::last_os_error()
-    );
 }
 
 /// docs/writes.md#large-updates-as-a-new-copy: a model with extended attributes is never

@@ -6,6 +6,7 @@
 //! writes a complete new file, checks it by parsing it back, and only then renames it over
 //! the original (`relayout`).
 
+mod attributes;
 mod beside;
 pub mod bulk;
 pub mod copy;

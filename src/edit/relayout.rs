@@ -696,9 +696,11 @@ fn write_new_file(mf: &ModelFile, mut out: File, shown: &str, plan: &NewLayout) 
     let meta = src
         .metadata()
         .map_err(io(format!("stat {}", mf.path.display())))?;
-    // The owner was set at creation; the mode waits until the bytes are complete.
+    // The owner was set at creation; the mode waits until the bytes are complete, and the
+    // attributes (an ACL sets the mode's group bits) come after it.
     // SAFETY: a plain system call on an open descriptor.
     unsafe { libc::fchmod(out.as_raw_fd(), meta.mode() & 0o7777) };
+    super::attributes::carry(src, &out, shown)?;
     out.sync_all().map_err(io(format!("fsync {shown}")))?;
     Ok(out)
 }

@@ -326,3 +326,42 @@ pub fn force_unmount(mnt: &Path) {
         }
     }
 }
+
+/// The extended attribute `name` of `p`, None when it has none.
+pub fn get_xattr(p: &Path, name: &str) -> Option<Vec<u8>> {
+    let path = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let name = std::ffi::CString::new(name).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: C strings and a buffer of the given length.
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    (n >= 0).then(|| buf[..n as usize].to_vec())
+}
+
+/// Sets the extended attribute `name` of `p`, or fails the test.
+pub fn set_xattr(p: &Path, name: &str, value: &[u8]) {
+    let path = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let c = std::ffi::CString::new(name).unwrap();
+    // SAFETY: C strings and a buffer of the given length.
+    let rc = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            c.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "setxattr {name}: {}",
+        std::io::Error::last_os_error()
+    );
+}
