@@ -63,8 +63,16 @@ fn uniform(bytes: &[u8], fill: u8) -> bool {
 fn kill_during_write(
     model: &Path, mnt: &Path, path: &str, data: Vec<u8>, delay: Duration,
 ) -> Vec<u8> {
-    let mut child = common::mount::mount_foreground(model, mnt);
-    let target = mnt.join(path);
+    let daemon = common::mount::mount_foreground(model, mnt);
+    kill_while_writing(daemon, mnt, mnt.join(path), data, delay);
+    std::fs::read(model).unwrap()
+}
+
+/// Writes `data` to `target` from another thread, SIGKILLs `daemon` after `delay` and
+/// unmounts `mnt`.
+fn kill_while_writing(
+    mut daemon: std::process::Child, mnt: &Path, target: PathBuf, data: Vec<u8>, delay: Duration,
+) {
     let writer = std::thread::spawn(move || {
         // Errors are expected: the daemon dies under the writer.
         let _ = std::fs::write(&target, &data);
@@ -72,12 +80,11 @@ fn kill_during_write(
     std::thread::sleep(delay);
     // SAFETY: a signal to the daemon this test started.
     unsafe {
-        libc::kill(child.id() as i32, libc::SIGKILL);
+        libc::kill(daemon.id() as i32, libc::SIGKILL);
     }
-    let _ = child.wait();
+    let _ = daemon.wait();
     common::force_unmount(mnt);
     writer.join().unwrap();
-    std::fs::read(model).unwrap()
 }
 
 /// Mounts `model`, writes `data` to `path` of the mount and unmounts; returns how long the
@@ -361,21 +368,9 @@ fn sigkill_during_multi_file_commits_leaves_every_file_all_old_or_all_new() {
     for round in 0..24 {
         let next = 1 - current;
         let delay = kill_delay(&mut rng, round, span);
-        let mut child = common::mount::mount_foreground_with(&files[0], &files[1..], &mnt);
+        let daemon = common::mount::mount_foreground_with(&files[0], &files[1..], &mnt);
         let target = mnt.join("weights.safetensors");
-        let data = weights[next].clone();
-        let writer = std::thread::spawn(move || {
-            // Errors are expected: the daemon dies under the writer.
-            let _ = std::fs::write(&target, &data);
-        });
-        std::thread::sleep(delay);
-        // SAFETY: a signal to the daemon this test started.
-        unsafe {
-            libc::kill(child.id() as i32, libc::SIGKILL);
-        }
-        let _ = child.wait();
-        common::force_unmount(&mnt);
-        writer.join().unwrap();
+        kill_while_writing(daemon, &mnt, target, weights[next].clone(), delay);
         if journals() > 0 {
             saw_journal += 1;
         } else {
